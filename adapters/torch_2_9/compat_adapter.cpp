@@ -1,0 +1,48 @@
+#include "compat_adapter.h"
+
+#include "masked_logsumexp.h"
+#include "dispatch/logsumexp.h"
+
+namespace keel::adapters {
+namespace {
+
+class CompatLogsumexp final : public internal::LogsumexpKernel {
+ public:
+  internal::Support supports(const internal::LogsumexpCall& /*call*/) const override {
+    return internal::Support::yes();
+  }
+  at::Tensor run(const internal::LogsumexpCall& call) const override {
+    return compat::masked_logsumexp(call.input, call.mask, call.dim, call.keepdim);
+  }
+};
+
+class CompatAdapter final : public internal::Adapter {
+ public:
+  Backend kind() const noexcept override { return Backend::compat; }
+
+  AdapterInfo info() const override {
+    AdapterInfo info;
+    info.name = "compat";
+    info.description =
+        "keel's own implementations on ATen ops present since libtorch 2.9 (compat/)";
+    CapabilityInfo lse;
+    lse.operation = "logsumexp";
+    lse.dtypes = {"float16", "bfloat16", "float32", "float64"};
+    lse.devices = {"cpu", "cuda"};
+    lse.features = {"mask", "keepdim", "zero gradient on empty rows"};
+    lse.implementation = "compat::masked_logsumexp: max-shifted exp/sum/log in float32";
+    info.capabilities.push_back(std::move(lse));
+    return info;
+  }
+
+  const internal::LogsumexpKernel* logsumexp() const noexcept override { return &logsumexp_; }
+
+ private:
+  CompatLogsumexp logsumexp_;
+};
+
+}  // namespace
+
+std::unique_ptr<internal::Adapter> make_compat_adapter() { return std::make_unique<CompatAdapter>(); }
+
+}  // namespace keel::adapters

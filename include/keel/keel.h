@@ -1,0 +1,23 @@
+/// @file keel/keel.h
+/// @brief The one header a keel user includes.
+///
+/// @code
+///   #include <keel/keel.h>
+///
+///   int main() {
+///     std::cout << "keel " << keel::version() << " on torch "
+///               << keel::build_info().torch_version << "\n";
+///     auto r = keel::logsumexp(at::randn({2, 8}));
+///     return r ? 0 : 1;
+///   }
+/// @endcode
+///
+/// Everything public lives in `keel::v1`, an inline namespace: write
+/// `keel::logsumexp`, and the stable v1 name is what you get.
+#pragma once
+
+#include "keel/version.h"
+#include "keel/v1/build_info.h"
+#include "keel/v1/dispatch.h"
+#include "keel/v1/error.h"
+#include "keel/v1/logsumexp.h"

@@ -1,0 +1,71 @@
+/// @file keel/v1/build_info.h
+/// @brief What this keel library is: its version, the libtorch it was built
+/// against, and the adapters and capabilities compiled in.
+///
+/// @code
+///   const keel::BuildInfo& info = keel::build_info();
+///   std::cout << "keel " << info.keel_version << " on torch " << info.torch_version << "\n";
+///   for (const keel::AdapterInfo& a : info.adapters) std::cout << a.name << "\n";
+/// @endcode
+///
+/// `keel-info` prints the same as text or JSON.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace keel {
+inline namespace v1 {
+
+/// One operation an adapter serves, and under which conditions.
+struct CapabilityInfo {
+  /// The operation, as keel names it (e.g. "logsumexp").
+  std::string operation;
+  /// The dtypes it serves ("float32", "bfloat16", ...).
+  std::vector<std::string> dtypes;
+  /// The device types it serves ("cpu", "cuda").
+  std::vector<std::string> devices;
+  /// The options it serves natively (e.g. "mask"). An option not listed
+  /// sends the call to another adapter under `Backend::automatic`.
+  std::vector<std::string> features;
+  /// What it runs on, in a sentence (the ATen op or keel kernel).
+  std::string implementation;
+};
+
+/// One adapter compiled into this build.
+struct AdapterInfo {
+  /// "compat" or "native".
+  std::string name;
+  /// What the adapter is, in a sentence.
+  std::string description;
+  /// The operations it serves.
+  std::vector<CapabilityInfo> capabilities;
+};
+
+/// Facts about this build of keel.
+struct BuildInfo {
+  /// keel's version, "MAJOR.MINOR.PATCH".
+  std::string keel_version;
+  /// The libtorch version built against, e.g. "2.13.0".
+  std::string torch_version;
+  /// The libtorch version loaded at run time (differs only if the library
+  /// path was changed after the build, which libtorch does not support).
+  std::string torch_runtime_version;
+  /// Whether keel was built with CUDA (`KEEL_WITH_CUDA`).
+  bool cuda = false;
+  /// The compiler keel was built with, e.g. "GNU 12.2.0".
+  std::string compiler;
+  /// CMake's build type, e.g. "Release".
+  std::string build_type;
+  /// The adapters compiled in, compat first.
+  std::vector<AdapterInfo> adapters;
+};
+
+/// keel's version, "MAJOR.MINOR.PATCH", of the library loaded.
+const char* version() noexcept;
+
+/// Facts about this build; computed once, then shared. Thread-safe.
+const BuildInfo& build_info();
+
+}  // namespace v1
+}  // namespace keel

@@ -1,0 +1,87 @@
+/// @file keel/v1/dispatch.h
+/// @brief Choosing the adapter that serves a call, and learning which did.
+///
+/// Each keel operation is served by one of the adapters compiled into this
+/// build: `compat` (keel's own implementations on long-stable ATen ops,
+/// present in every build) or `native` (paths new in the libtorch release the
+/// build was made against; present only when that release offers any).
+/// Which one runs is chosen per call, first match wins:
+///   1. the call's own `DispatchOptions::backend`, if not `Backend::unset`;
+///   2. the `KEEL_BACKEND` environment variable (`auto`, `compat`, `native`),
+///      so an operator can switch a native path off without a rebuild;
+///   3. `keel::set_default_backend()`, for the whole process;
+///   4. `Backend::automatic`.
+///
+/// `automatic` picks the native adapter when it can serve the whole call,
+/// else compat. `native` on a build or a call native cannot serve is an
+/// `Errc::unsupported` error with the reason, never a silent fallback; an
+/// unknown `KEEL_BACKEND` value is an `Errc::invalid_argument` error that
+/// lists the valid ones.
+///
+/// @code
+///   keel::DispatchOptions dispatch;
+///   dispatch.backend = keel::Backend::compat;   // this call only
+///   auto r = keel::logsumexp(x, {}, dispatch);
+///   if (r) std::cout << r.value().dispatch.adapter << ": " << r.value().dispatch.reason;
+/// @endcode
+///
+/// Setting `KEEL_LOG=dispatch` logs every decision (through abseil logging,
+/// to stderr).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "keel/v1/error.h"
+
+namespace keel {
+inline namespace v1 {
+
+/// Which adapter a call asks for.
+enum class Backend : std::uint8_t {
+  /// Not set here: defer to `KEEL_BACKEND`, then to the process default.
+  unset = 0,
+  /// Native when it serves the whole call, else compat.
+  automatic,
+  /// keel's compat adapter, present in every build.
+  compat,
+  /// The native adapter of the libtorch release built against.
+  native,
+};
+
+/// The name used by `KEEL_BACKEND`: "unset", "auto", "compat" or "native".
+std::string_view to_string(Backend backend) noexcept;
+
+/// Parses "auto", "compat" or "native" (exactly; surrounding spaces are
+/// ignored). Anything else is `Errc::invalid_argument` naming the valid values.
+result<Backend> parse_backend(std::string_view text);
+
+/// Sets the process-wide default, used when neither the call nor
+/// `KEEL_BACKEND` chooses. `Backend::unset` restores `automatic`. Thread-safe.
+void set_default_backend(Backend backend) noexcept;
+
+/// The process-wide default set by `set_default_backend()`.
+Backend default_backend() noexcept;
+
+/// Per-call dispatch choices, carried by every operation's options.
+struct DispatchOptions {
+  /// The adapter this call asks for; `unset` defers to the environment.
+  Backend backend = Backend::unset;
+};
+
+/// Which adapter served a call, and why.
+struct DispatchInfo {
+  /// The adapter's name: "compat" or "native".
+  std::string adapter;
+  /// The request that decided, after the rules above (never `unset`).
+  Backend requested = Backend::automatic;
+  /// Where the request came from: "call", "KEEL_BACKEND", "process default"
+  /// or "built-in default".
+  std::string requested_by;
+  /// Why this adapter, in a sentence (e.g. why native was passed over).
+  std::string reason;
+};
+
+}  // namespace v1
+}  // namespace keel

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Installs everything keel needs on a fresh Debian 12 machine, idempotently:
+# Debian packages (only those missing) and libtorch 2.9.1 and 2.13.0 unpacked
+# from the torch wheels. A second run downloads nothing.
+#
+#   scripts/fetch-deps.sh            # both releases
+#   scripts/fetch-deps.sh 2.13.0     # one release
+#
+# KEEL_DEPS_DIR (default ~/.cache/keel) holds the wheels and the unpacked
+# libtorch trees: outside the checkout, so clean clones on one machine share it.
+set -euo pipefail
+
+deps_dir=${KEEL_DEPS_DIR:-$HOME/.cache/keel}
+releases=("$@")
+[ ${#releases[@]} -gt 0 ] || releases=(2.9.1 2.13.0)
+
+debian_packages=(
+  build-essential cmake ninja-build ccache unzip python3-pip
+  libabsl-dev libboost-dev libgtest-dev libgmock-dev libbenchmark-dev
+  nlohmann-json3-dev doxygen abigail-tools
+)
+
+missing=()
+for p in "${debian_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "keel: installing Debian packages: ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+pip_cmd=(python3 -m pip)
+
+# The x86-64 wheels are CUDA builds: libtorch_cpu.so itself names
+# libcudart.so.N and libcupti.so.N as NEEDED (kineto's profiler), though CPU
+# work never calls them. Loading it needs those two files, nothing else; its
+# RPATH holds $ORIGIN, so a copy beside it is found. They come from the
+# machine's CUDA toolkit when its major version matches, else from the
+# nvidia-*-cuN wheels on PyPI at the version the torch wheel pins.
+provide_cuda_runtime() {
+  local root=$1 wheel=$2 soname major pkg pin found
+  for soname in $(readelf -d "$root/lib/libtorch_cpu.so" | sed -n 's/.*NEEDED.*\[\(lib\(cudart\|cupti\)\.so\.[0-9]*\)\]/\1/p'); do
+    [ -e "$root/lib/$soname" ] && continue
+    found=$(ls /usr/local/cuda*/lib*/"$soname" /usr/local/cuda*/extras/CUPTI/lib64/"$soname" \
+              /usr/local/cuda*/targets/x86_64-linux/lib/"$soname" 2>/dev/null | head -n1 || true)
+    if [ -n "$found" ]; then
+      echo "keel: $soname from $found"
+      cp -L "$found" "$root/lib/$soname"
+      continue
+    fi
+    major=${soname##*.so.}
+    case $soname in libcudart*) pkg=nvidia-cuda-runtime-cu$major ;; *) pkg=nvidia-cuda-cupti-cu$major ;; esac
+    pin=$(unzip -p "$wheel" 'torch-*.dist-info/METADATA' | sed -n "s/^Requires-Dist: $pkg==\([0-9.]*\).*/\1/p" | head -n1)
+    echo "keel: $soname from the $pkg${pin:+==$pin} wheel"
+    mkdir -p "$deps_dir/wheels/cuda"
+    "${pip_cmd[@]}" download "$pkg${pin:+==$pin}" --no-deps --only-binary=:all: -d "$deps_dir/wheels/cuda" --quiet
+    unzip -p "$(ls "$deps_dir/wheels/cuda"/"${pkg//-/_}"-"${pin:-}"*.whl | head -n1)" "nvidia/*/lib/$soname" > "$root/lib/$soname"
+  done
+}
+mkdir -p "$deps_dir/wheels"
+for v in "${releases[@]}"; do
+  dest="$deps_dir/libtorch-$v"
+  if [ -f "$dest/.complete" ]; then
+    provide_cuda_runtime "$dest" "$(ls "$deps_dir/wheels"/torch-"$v"-*.whl | head -n1)"
+    echo "keel: libtorch $v present in $dest"
+    continue
+  fi
+  wheel=$(ls "$deps_dir/wheels"/torch-"$v"-*.whl 2>/dev/null | head -n1 || true)
+  if [ -z "$wheel" ]; then
+    echo "keel: downloading the torch $v wheel"
+    "${pip_cmd[@]}" download "torch==$v" --no-deps --only-binary=:all: \
+      --python-version 3.11 --platform manylinux_2_28_x86_64 \
+      -d "$deps_dir/wheels" --quiet
+    wheel=$(ls "$deps_dir/wheels"/torch-"$v"-*.whl | head -n1)
+  fi
+  echo "keel: unpacking $(basename "$wheel") into $dest"
+  rm -rf "$dest.tmp" && mkdir -p "$dest.tmp"
+  unzip -q -o "$wheel" 'torch/include/*' 'torch/lib/*' 'torch/share/*' 'torch/version.py' -d "$dest.tmp"
+  # Python sources that docs/torch-api-matrix.md cites; absent in some releases.
+  unzip -q -o "$wheel" 'torch/nn/functional.py' 'torch/nn/*linear_cross_entropy*' \
+    'torch/nn/attention/*' -d "$dest.tmp" >/dev/null 2>&1 || true
+  mv "$dest.tmp/torch"/* "$dest.tmp/" && rmdir "$dest.tmp/torch"
+  provide_cuda_runtime "$dest.tmp" "$wheel"
+  touch "$dest.tmp/.complete"
+  rm -rf "$dest" && mv "$dest.tmp" "$dest"
+done
+echo "keel: dependencies ready in $deps_dir"

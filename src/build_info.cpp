@@ -1,0 +1,34 @@
+// The facts CMake knows about this build arrive as definitions on this one
+// file (see CMakeLists.txt), so that no public header depends on them.
+#include "keel/v1/build_info.h"
+
+#include "dispatch/registry.h"
+#include "keel/version.h"
+
+#ifndef KEEL_BUILD_TORCH_VERSION
+#error "CMake defines KEEL_BUILD_TORCH_VERSION, KEEL_BUILD_CUDA, KEEL_BUILD_COMPILER, KEEL_BUILD_TYPE"
+#endif
+
+namespace keel {
+inline namespace v1 {
+
+const char* version() noexcept { return KEEL_VERSION_STRING; }
+
+const BuildInfo& build_info() {
+  static const BuildInfo info = [] {
+    BuildInfo b;
+    b.keel_version = KEEL_VERSION_STRING;
+    b.torch_version = KEEL_BUILD_TORCH_VERSION;
+    b.cuda = KEEL_BUILD_CUDA != 0;
+    b.compiler = KEEL_BUILD_COMPILER;
+    b.build_type = KEEL_BUILD_TYPE;
+    for (const auto& adapter : internal::Registry::builtin().adapters()) {
+      b.adapters.push_back(adapter->info());
+    }
+    return b;
+  }();
+  return info;
+}
+
+}  // namespace v1
+}  // namespace keel

@@ -1,0 +1,41 @@
+// Uses the installed keel through its public headers only.
+#include <cmath>
+#include <cstring>
+#include <iostream>
+
+#include <ATen/ATen.h>
+#include <keel/keel.h>
+
+static_assert(__cplusplus == 201703L, "the consumer test builds as C++17");
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::cerr << "usage: consumer EXPECTED_TORCH_VERSION\n";
+    return 2;
+  }
+  const keel::BuildInfo& info = keel::build_info();
+  if (info.torch_version != argv[1] || std::strcmp(keel::version(), KEEL_VERSION_STRING) != 0) {
+    std::cerr << "consumer: keel " << keel::version() << " on torch " << info.torch_version
+              << ", expected keel " << KEEL_VERSION_STRING << " on torch " << argv[1] << "\n";
+    return 1;
+  }
+  // log(exp(0) + exp(0)) = log 2.
+  keel::result<keel::LogsumexpOutput> r = keel::logsumexp(at::zeros({3, 2}));
+  if (!r) {
+    std::cerr << "consumer: " << r.error().to_string() << "\n";
+    return 1;
+  }
+  const double got = r.value().value[1].item<double>();
+  if (std::abs(got - std::log(2.0)) > 1e-6) {
+    std::cerr << "consumer: logsumexp gave " << got << "\n";
+    return 1;
+  }
+  keel::result<keel::LogsumexpOutput> bad = keel::logsumexp(at::zeros({3}, at::kLong));
+  if (bad || bad.error().code() != keel::Errc::invalid_argument) {
+    std::cerr << "consumer: an int64 input was not rejected\n";
+    return 1;
+  }
+  std::cout << "consumer: keel " << keel::version() << " on torch " << info.torch_version
+            << " via " << r.value().dispatch.adapter << "\n";
+  return 0;
+}
