@@ -6,13 +6,16 @@
 #include "keel/version.h"
 
 #ifndef KEEL_BUILD_TORCH_VERSION
-#error "CMake defines KEEL_BUILD_TORCH_VERSION, KEEL_BUILD_CUDA, KEEL_BUILD_COMPILER, KEEL_BUILD_TYPE"
+#error \
+    "CMake defines KEEL_BUILD_TORCH_VERSION, KEEL_BUILD_CUDA, KEEL_BUILD_COMPILER, KEEL_BUILD_TYPE"
 #endif
 
 namespace keel {
 inline namespace v1 {
 
-const char* version() noexcept { return KEEL_VERSION_STRING; }
+const char* version() noexcept {
+  return KEEL_VERSION_STRING;
+}
 
 const BuildInfo& build_info() {
   static const BuildInfo info = [] {

@@ -8,8 +8,8 @@
 #include "diagnostics.h"
 #include "dispatch/dispatcher.h"
 #include "environment.h"
-#include "string_view_bridge.h"
 #include "keel/v1/dispatch.h"
+#include "string_view_bridge.h"
 
 namespace keel {
 inline namespace v1 {
@@ -21,10 +21,14 @@ constexpr const char* kValidBackends = "'auto', 'compat' or 'native'";
 
 std::string_view to_string(Backend backend) noexcept {
   switch (backend) {
-    case Backend::unset: return "unset";
-    case Backend::automatic: return "auto";
-    case Backend::compat: return "compat";
-    case Backend::native: return "native";
+    case Backend::unset:
+      return "unset";
+    case Backend::automatic:
+      return "auto";
+    case Backend::compat:
+      return "compat";
+    case Backend::native:
+      return "native";
   }
   return "invalid";
 }
@@ -35,10 +39,13 @@ result<Backend> parse_backend(std::string_view text) {
   if (name == "compat") return Backend::compat;
   if (name == "native") return Backend::native;
   return Error(Errc::invalid_argument,
-               absl::StrCat("backend: '", internal::to_absl(text), "' is not a backend; expected ", kValidBackends));
+               absl::StrCat("backend: '", internal::to_absl(text), "' is not a backend; expected ",
+                            kValidBackends));
 }
 
-void set_default_backend(Backend backend) noexcept { process_default.store(backend); }
+void set_default_backend(Backend backend) noexcept {
+  process_default.store(backend);
+}
 
 Backend default_backend() noexcept {
   const Backend b = process_default.load();
@@ -51,10 +58,12 @@ namespace internal {
 
 result<Request> resolve_request(const DispatchOptions& options) {
   switch (options.backend) {
-    case Backend::unset: break;
+    case Backend::unset:
+      break;
     case Backend::automatic:
     case Backend::compat:
-    case Backend::native: return Request{options.backend, "call"};
+    case Backend::native:
+      return Request{options.backend, "call"};
     default:
       return Error(Errc::invalid_argument,
                    absl::StrCat("dispatch.backend: value ", static_cast<int>(options.backend),
@@ -63,9 +72,9 @@ result<Request> resolve_request(const DispatchOptions& options) {
   if (const std::optional<std::string> env = environment_value("KEEL_BACKEND")) {
     result<Backend> parsed = parse_backend(*env);
     if (!parsed) {
-      return Error(Errc::invalid_argument, absl::StrCat("KEEL_BACKEND='", *env,
-                                                        "' is not a backend; set it to ",
-                                                        kValidBackends, ", or unset it"));
+      return Error(Errc::invalid_argument,
+                   absl::StrCat("KEEL_BACKEND='", *env, "' is not a backend; set it to ",
+                                kValidBackends, ", or unset it"));
     }
     return Request{parsed.value(), "KEEL_BACKEND"};
   }
@@ -99,9 +108,11 @@ result<DispatchInfo> choose(std::string_view op, const Request& request, const C
 
   switch (request.backend) {
     case Backend::native:
-      if (native_serves) return make_info("native", request, "native requested, and it serves the call");
-      return Error(Errc::unsupported, absl::StrCat(to_absl(op), ": native requested (by ", request.source,
-                                                   "), but ", native_unavailable()));
+      if (native_serves)
+        return make_info("native", request, "native requested, and it serves the call");
+      return Error(Errc::unsupported,
+                   absl::StrCat(to_absl(op), ": native requested (by ", request.source, "), but ",
+                                native_unavailable()));
     case Backend::compat:
       if (compat.has_kernel && compat.support.ok) {
         return make_info("compat", request, "compat requested");
@@ -115,10 +126,11 @@ result<DispatchInfo> choose(std::string_view op, const Request& request, const C
       if (compat.has_kernel && compat.support.ok) {
         return make_info("compat", request, absl::StrCat("auto: ", native_unavailable()));
       }
-      return Error(Errc::unsupported,
-                   absl::StrCat(to_absl(op), ": no adapter serves this call: native: ", native_unavailable(),
-                                "; compat: ",
-                                compat.has_kernel ? compat.support.reason : "does not offer it"));
+      return Error(
+          Errc::unsupported,
+          absl::StrCat(
+              to_absl(op), ": no adapter serves this call: native: ", native_unavailable(),
+              "; compat: ", compat.has_kernel ? compat.support.reason : "does not offer it"));
   }
 }
 
@@ -129,9 +141,9 @@ result<DispatchInfo> decide(std::string_view operation, const Request& request,
   result<DispatchInfo> info = choose(operation, request, compat, native);
   if (log_enabled("dispatch")) {
     if (info) {
-      log_line("dispatch", absl::StrCat(to_absl(operation), " -> ", info.value().adapter, " (requested ",
-                                        to_absl(to_string(request.backend)), " by ", request.source, "; ",
-                                        info.value().reason, ")"));
+      log_line("dispatch", absl::StrCat(to_absl(operation), " -> ", info.value().adapter,
+                                        " (requested ", to_absl(to_string(request.backend)), " by ",
+                                        request.source, "; ", info.value().reason, ")"));
     } else {
       log_line("dispatch", absl::StrCat(to_absl(operation), " -> error: ", info.error().message()));
     }

@@ -16,22 +16,23 @@
 namespace keel::internal {
 
 template <class F>
-auto guarded(std::string_view operation, std::string_view adapter, F&& f)
-    -> result<decltype(f())> {
+auto guarded(std::string_view operation, std::string_view adapter, F&& f) -> result<decltype(f())> {
   try {
     return f();
   } catch (const c10::Error& e) {
-    return Error(Errc::backend_error, absl::StrCat(to_absl(operation), ": libtorch failed in the ", to_absl(adapter),
-                                                   " adapter: ", e.what_without_backtrace()));
+    return Error(Errc::backend_error,
+                 absl::StrCat(to_absl(operation), ": libtorch failed in the ", to_absl(adapter),
+                              " adapter: ", e.what_without_backtrace()));
   } catch (const std::bad_alloc&) {
-    return Error(Errc::backend_error,
-                 absl::StrCat(to_absl(operation), ": out of memory in the ", to_absl(adapter), " adapter"));
+    return Error(Errc::backend_error, absl::StrCat(to_absl(operation), ": out of memory in the ",
+                                                   to_absl(adapter), " adapter"));
   } catch (const std::exception& e) {
-    return Error(Errc::backend_error,
-                 absl::StrCat(to_absl(operation), ": failed in the ", to_absl(adapter), " adapter: ", e.what()));
+    return Error(Errc::backend_error, absl::StrCat(to_absl(operation), ": failed in the ",
+                                                   to_absl(adapter), " adapter: ", e.what()));
   } catch (...) {
     return Error(Errc::backend_error,
-                 absl::StrCat(to_absl(operation), ": unknown exception in the ", to_absl(adapter), " adapter"));
+                 absl::StrCat(to_absl(operation), ": unknown exception in the ", to_absl(adapter),
+                              " adapter"));
   }
 }
 

@@ -16,7 +16,9 @@ namespace {
 
 constexpr const char* kOp = "logsumexp";
 
-std::string shape_of(const at::Tensor& t) { return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]"); }
+std::string shape_of(const at::Tensor& t) {
+  return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]");
+}
 
 result<std::int64_t> validate(const at::Tensor& input, const LogsumexpOptions& options) {
   if (!input.defined()) {
@@ -34,16 +36,17 @@ result<std::int64_t> validate(const at::Tensor& input, const LogsumexpOptions& o
                  "logsumexp: input is a 0-dimensional tensor; expected at least one dimension");
   }
   if (options.dim < -rank || options.dim >= rank) {
-    return Error(Errc::invalid_argument,
-                 absl::StrCat("logsumexp: options.dim is ", options.dim, ", out of range for input ",
-                              shape_of(input), " (expected ", -rank, " <= dim < ", rank, ")"));
+    return Error(
+        Errc::invalid_argument,
+        absl::StrCat("logsumexp: options.dim is ", options.dim, ", out of range for input ",
+                     shape_of(input), " (expected ", -rank, " <= dim < ", rank, ")"));
   }
   const at::Tensor& mask = options.mask;
   if (mask.defined()) {
     if (mask.scalar_type() != at::kBool) {
-      return Error(Errc::invalid_argument,
-                   absl::StrCat("logsumexp: options.mask has dtype ", c10::toString(mask.scalar_type()),
-                                "; expected bool (true keeps an entry)"));
+      return Error(Errc::invalid_argument, absl::StrCat("logsumexp: options.mask has dtype ",
+                                                        c10::toString(mask.scalar_type()),
+                                                        "; expected bool (true keeps an entry)"));
     }
     if (mask.device() != input.device()) {
       return Error(Errc::invalid_argument,
@@ -78,8 +81,8 @@ result<LogsumexpOutput> logsumexp(const at::Tensor& input, const LogsumexpOption
   if (!selection) return selection.error();
 
   const internal::LogsumexpKernel* kernel = selection.value().kernel;
-  result<at::Tensor> value = internal::guarded(kOp, selection.value().info.adapter,
-                                               [&] { return kernel->run(call); });
+  result<at::Tensor> value =
+      internal::guarded(kOp, selection.value().info.adapter, [&] { return kernel->run(call); });
   if (!value) return value.error();
   return LogsumexpOutput{std::move(value).value(), std::move(selection).value().info};
 }

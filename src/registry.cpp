@@ -2,7 +2,9 @@
 
 namespace keel::internal {
 
-void Registry::add(std::unique_ptr<Adapter> adapter) { adapters_.push_back(std::move(adapter)); }
+void Registry::add(std::unique_ptr<Adapter> adapter) {
+  adapters_.push_back(std::move(adapter));
+}
 
 const Adapter* Registry::find(Backend kind) const noexcept {
   for (const auto& adapter : adapters_) {

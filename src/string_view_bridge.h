@@ -10,7 +10,11 @@
 
 namespace keel::internal {
 
-inline absl::string_view to_absl(std::string_view s) noexcept { return {s.data(), s.size()}; }
-inline std::string_view to_std(absl::string_view s) noexcept { return {s.data(), s.size()}; }
+inline absl::string_view to_absl(std::string_view s) noexcept {
+  return {s.data(), s.size()};
+}
+inline std::string_view to_std(absl::string_view s) noexcept {
+  return {s.data(), s.size()};
+}
 
 }  // namespace keel::internal

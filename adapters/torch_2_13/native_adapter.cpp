@@ -35,8 +35,8 @@ class NativeLogsumexp final : public internal::LogsumexpKernel {
     // after, which routes their gradient around the op.
     const at::Tensor empty = (x == -std::numeric_limits<double>::infinity()).all(call.dim, true);
     const at::Tensor lse = at::logsumexp(at::where(empty, at::zeros_like(x), x), call.dim, true);
-    const at::Tensor out =
-        at::where(empty, at::full({}, -std::numeric_limits<double>::infinity(), lse.options()), lse);
+    const at::Tensor out = at::where(
+        empty, at::full({}, -std::numeric_limits<double>::infinity(), lse.options()), lse);
     return call.keepdim ? out : out.squeeze(call.dim);
   }
 };
@@ -69,6 +69,8 @@ class NativeAdapter final : public internal::Adapter {
 
 }  // namespace
 
-std::unique_ptr<internal::Adapter> make_native_adapter() { return std::make_unique<NativeAdapter>(); }
+std::unique_ptr<internal::Adapter> make_native_adapter() {
+  return std::make_unique<NativeAdapter>();
+}
 
 }  // namespace keel::adapters

@@ -1,7 +1,7 @@
 #include "compat_adapter.h"
 
-#include "masked_logsumexp.h"
 #include "dispatch/logsumexp.h"
+#include "masked_logsumexp.h"
 
 namespace keel::adapters {
 namespace {
@@ -43,6 +43,8 @@ class CompatAdapter final : public internal::Adapter {
 
 }  // namespace
 
-std::unique_ptr<internal::Adapter> make_compat_adapter() { return std::make_unique<CompatAdapter>(); }
+std::unique_ptr<internal::Adapter> make_compat_adapter() {
+  return std::make_unique<CompatAdapter>();
+}
 
 }  // namespace keel::adapters

@@ -16,8 +16,8 @@
 /// `keel::logsumexp`, and the stable v1 name is what you get.
 #pragma once
 
-#include "keel/version.h"
 #include "keel/v1/build_info.h"
 #include "keel/v1/dispatch.h"
 #include "keel/v1/error.h"
 #include "keel/v1/logsumexp.h"
+#include "keel/version.h"

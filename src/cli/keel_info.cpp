@@ -32,9 +32,12 @@ nlohmann::json to_json(const keel::BuildInfo& info) {
     }
     adapters.push_back({{"name", a.name}, {"description", a.description}, {"capabilities", caps}});
   }
-  return {{"keel_version", info.keel_version}, {"torch_version", info.torch_version},
-          {"cuda", info.cuda},                 {"compiler", info.compiler},
-          {"build_type", info.build_type},     {"adapters", adapters}};
+  return {{"keel_version", info.keel_version},
+          {"torch_version", info.torch_version},
+          {"cuda", info.cuda},
+          {"compiler", info.compiler},
+          {"build_type", info.build_type},
+          {"adapters", adapters}};
 }
 
 void print_text(const keel::BuildInfo& info) {

@@ -108,7 +108,7 @@ TEST_P(LogsumexpConformance, GradientIsTheSoftmax) {
 
 TEST_P(LogsumexpConformance, NonContiguousAndExpandedInputs) {
   const at::Tensor base = at::randn({8, 16}, at::kFloat);
-  const at::Tensor transposed = base.t();                      // strides (1, 16)
+  const at::Tensor transposed = base.t();                          // strides (1, 16)
   const at::Tensor expanded = at::randn({1, 16}).expand({5, 16});  // stride 0
   for (const at::Tensor& x : {transposed, expanded}) {
     auto r = logsumexp(x, options_for());
@@ -120,7 +120,7 @@ TEST_P(LogsumexpConformance, NonContiguousAndExpandedInputs) {
 TEST_P(LogsumexpConformance, MaskKeepsOnlyTrueEntriesAndEmptyRowsAreMinusInf) {
   const at::Tensor x = at::randn({4, 3, 20}, at::kDouble).requires_grad_(true);
   at::Tensor mask = at::rand({3, 20}) > 0.5;  // broadcast over the first dim
-  mask[2].fill_(false);                        // an empty row in every batch
+  mask[2].fill_(false);                       // an empty row in every batch
   LogsumexpOptions o = options_for();
   o.mask = mask;
   auto r = logsumexp(x, o);

@@ -15,7 +15,8 @@ inline at::Tensor logsumexp(const at::Tensor& input, const at::Tensor& mask, std
                             bool keepdim) {
   const double inf = std::numeric_limits<double>::infinity();
   at::Tensor x = input.detach().to(at::kDouble);
-  at::Tensor keep = mask.defined() ? mask.expand_as(x) : at::ones_like(x, x.options().dtype(at::kBool));
+  at::Tensor keep =
+      mask.defined() ? mask.expand_as(x) : at::ones_like(x, x.options().dtype(at::kBool));
   at::Tensor kept = at::where(keep, x, at::full({}, -inf, x.options()));
   at::Tensor m = kept.amax(dim, /*keepdim=*/true);
   at::Tensor safe_m = at::where(m.isfinite(), m, at::zeros_like(m));
@@ -30,7 +31,8 @@ inline at::Tensor logsumexp_gradient(const at::Tensor& input, const at::Tensor& 
                                      std::int64_t dim) {
   at::Tensor x = input.detach().to(at::kDouble);
   at::Tensor lse = logsumexp(input, mask, dim, /*keepdim=*/true);
-  at::Tensor keep = mask.defined() ? mask.expand_as(x) : at::ones_like(x, x.options().dtype(at::kBool));
+  at::Tensor keep =
+      mask.defined() ? mask.expand_as(x) : at::ones_like(x, x.options().dtype(at::kBool));
   at::Tensor p = (x - lse).exp();
   return at::where(keep & lse.isfinite(), p, at::zeros_like(p));
 }

@@ -120,7 +120,9 @@ template <class T>
 using result = BOOST_OUTCOME_V2_NAMESPACE::basic_result<T, Error, detail::ThrowBadResultAccess>;
 
 /// The success value of a `result<void>`: `return keel::success();`.
-inline auto success() noexcept { return BOOST_OUTCOME_V2_NAMESPACE::success(); }
+inline auto success() noexcept {
+  return BOOST_OUTCOME_V2_NAMESPACE::success();
+}
 
 }  // namespace v1
 }  // namespace keel

@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
     std::cerr << "consumer: an int64 input was not rejected\n";
     return 1;
   }
-  std::cout << "consumer: keel " << keel::version() << " on torch " << info.torch_version
-            << " via " << r.value().dispatch.adapter << "\n";
+  std::cout << "consumer: keel " << keel::version() << " on torch " << info.torch_version << " via "
+            << r.value().dispatch.adapter << "\n";
   return 0;
 }
