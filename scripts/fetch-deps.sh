@@ -15,7 +15,7 @@ releases=("$@")
 [ ${#releases[@]} -gt 0 ] || releases=(2.9.1 2.13.0)
 
 debian_packages=(
-  build-essential cmake ninja-build ccache unzip python3-pip
+  build-essential cmake ninja-build ccache unzip
   libabsl-dev libboost-dev libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev doxygen abigail-tools
 )
@@ -87,4 +87,12 @@ for v in "${releases[@]}"; do
   touch "$dest.tmp/.complete"
   rm -rf "$dest" && mv "$dest.tmp" "$dest"
 done
+# Python's safetensors and numpy, in keel's own virtual environment: the
+# tests open keel-compat's files with them, as a Python user would.
+venv="$deps_dir/venv"
+if ! "$venv/bin/python" -c 'import safetensors, numpy' 2>/dev/null; then
+  echo "keel: making $venv with safetensors and numpy"
+  python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet 'safetensors>=0.4' 'numpy>=1.24'
+fi
 echo "keel: dependencies ready in $deps_dir"

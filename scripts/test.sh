@@ -8,5 +8,13 @@ for preset in torch-2.9 torch-2.13; do
   echo "keel: ===== $preset ====="
   cmake --workflow --preset "$preset"
 done
+# The upgrade check across releases: record on 2.9.1, compare on 2.13.0
+# with each adapter; any case out of tolerance fails CI.
+mkdir -p build/upgrade-check
+build/torch-2.9/keel-compat record --out build/upgrade-check/golden-2.9.1.safetensors
+for backend in compat native; do
+  build/torch-2.13/keel-compat compare --golden build/upgrade-check/golden-2.9.1.safetensors \
+    --backend "$backend" --repeat 2 --json "build/upgrade-check/compare-$backend.json"
+done
 scripts/lint.sh build/torch-2.13
 echo "keel: all tests passed on libtorch 2.9.1 and 2.13.0"

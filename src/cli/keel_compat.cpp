@@ -1,0 +1,143 @@
+// keel-compat: record keel's canonical suite on one build, compare it on
+// another. The upgrade report of docs/upgrade-guide.md.
+//
+//   keel-compat cases   [--filter A,B]
+//   keel-compat record  --out FILE [--filter A,B] [--backend auto|compat|native]
+//   keel-compat compare --golden FILE [--backend ...] [--repeat N] [--json FILE] [--html FILE]
+//
+// Exit status: 0 when every compared case passed, 1 when any failed or
+// errored, 2 for a usage error or a file that cannot be read or written.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#include <absl/flags/flag.h>
+#include <absl/flags/parse.h>
+#include <absl/flags/usage.h>
+#include <absl/strings/str_format.h>
+
+#include "harness/upgrade_check.h"
+#include "keel/keel.h"
+
+ABSL_FLAG(std::string, out, "", "record: the safetensors file to write");
+ABSL_FLAG(std::string, golden, "", "compare: the safetensors file recorded earlier");
+ABSL_FLAG(std::string, backend, "", "auto, compat or native (default: KEEL_BACKEND, else auto)");
+ABSL_FLAG(int, repeat, 2, "compare: runs per case, for the bitwise determinism check");
+ABSL_FLAG(std::string, filter, "",
+          "only cases whose id contains one of these comma-separated parts");
+ABSL_FLAG(std::string, json, "", "compare: also write the report as JSON to this file");
+ABSL_FLAG(std::string, html, "", "compare: also write the report as HTML to this file");
+
+namespace {
+
+using keel::harness::Progress;
+
+int fail(const keel::Error& e) {
+  std::cerr << "keel-compat: " << e.to_string() << "\n";
+  return 2;
+}
+
+Progress progress_bar() {
+  if (isatty(STDERR_FILENO) == 0) return {};
+  return [](std::size_t done, std::size_t total, const std::string& id) {
+    const int width = 30;
+    const int filled = total == 0 ? width : static_cast<int>(width * done / total);
+    std::fprintf(stderr, "\r[%s%s] %zu/%zu %-40.40s", std::string(filled, '#').c_str(),
+                 std::string(width - filled, '.').c_str(), done, total, id.c_str());
+    if (done == total) std::fprintf(stderr, "\n");
+    std::fflush(stderr);
+  };
+}
+
+keel::result<void> write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::trunc);
+  if (out) out << text;
+  if (out) out.close();
+  if (!out) return keel::Error(keel::Errc::io_error, "keel-compat: cannot write '" + path + "'");
+  return keel::success();
+}
+
+keel::result<keel::Backend> backend_flag() {
+  const std::string text = absl::GetFlag(FLAGS_backend);
+  if (text.empty()) return keel::Backend::unset;
+  return keel::parse_backend(text);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "keel-compat cases|record|compare: record keel's suite on one build, compare on another");
+  const auto args = absl::ParseCommandLine(argc, argv);
+  if (args.size() != 2) {
+    std::cerr << "keel-compat: expected one command: cases, record or compare (try --help)\n";
+    return 2;
+  }
+  const std::string command = args[1];
+  const keel::result<keel::Backend> backend = backend_flag();
+  if (!backend) return fail(backend.error());
+  try {
+    if (command == "cases") {
+      int n = 0;
+      for (const auto& family : keel::harness::families()) {
+        for (const auto& c : family->make_cases()) {
+          if (!keel::harness::matches_filter(c.id, absl::GetFlag(FLAGS_filter))) continue;
+          std::cout << c.id << "\n";
+          ++n;
+        }
+      }
+      std::cerr << n << " cases\n";
+      return 0;
+    }
+    if (command == "record") {
+      keel::harness::RecordOptions options;
+      options.out = absl::GetFlag(FLAGS_out);
+      if (options.out.empty()) {
+        return fail(keel::Error(keel::Errc::invalid_argument, "record: --out FILE is required"));
+      }
+      options.filter = absl::GetFlag(FLAGS_filter);
+      options.backend = backend.value();
+      options.progress = progress_bar();
+      const auto n = keel::harness::record(options);
+      if (!n) return fail(n.error());
+      std::cout << absl::StrFormat("keel-compat: recorded %d cases on torch %s into %s\n",
+                                   n.value(), keel::build_info().torch_version, options.out);
+      return 0;
+    }
+    if (command == "compare") {
+      keel::harness::CompareOptions options;
+      options.golden = absl::GetFlag(FLAGS_golden);
+      if (options.golden.empty()) {
+        return fail(
+            keel::Error(keel::Errc::invalid_argument, "compare: --golden FILE is required"));
+      }
+      options.filter = absl::GetFlag(FLAGS_filter);
+      options.backend = backend.value();
+      options.repeat = absl::GetFlag(FLAGS_repeat);
+      options.progress = progress_bar();
+      const auto report = keel::harness::compare(options);
+      if (!report) return fail(report.error());
+      std::cout << keel::harness::summary_text(report.value());
+      if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
+        const auto written =
+            write_text(path, keel::harness::to_json(report.value()).dump(2) + "\n");
+        if (!written) return fail(written.error());
+      }
+      if (const std::string path = absl::GetFlag(FLAGS_html); !path.empty()) {
+        const auto written = write_text(path, keel::harness::to_html(report.value()));
+        if (!written) return fail(written.error());
+        std::cout << "keel-compat: HTML report: " << path << "\n";
+      }
+      return report.value().failed + report.value().errors == 0 ? 0 : 1;
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "keel-compat: internal error: " << e.what() << "\n";
+    return 2;
+  }
+  std::cerr << "keel-compat: unknown command '" << command
+            << "'; expected cases, record or compare\n";
+  return 2;
+}
