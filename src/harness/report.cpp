@@ -19,7 +19,7 @@ std::string escape(const std::string& s) {
 }
 
 std::string mib(std::int64_t bytes) {
-  return absl::StrFormat("%.2f", bytes / 1048576.0);
+  return absl::StrFormat("%.2f", static_cast<double>(bytes) / 1048576.0);
 }
 
 std::string ratio(double now, double before) {
@@ -145,8 +145,8 @@ std::string to_html(const Report& report) {
     fwd_new.push_back(r.forward_ms);
     bwd_old.push_back(r.golden_backward_ms);
     bwd_new.push_back(r.backward_ms);
-    mem_old.push_back(r.golden_peak_bytes / 1048576.0);
-    mem_new.push_back(r.peak_bytes / 1048576.0);
+    mem_old.push_back(static_cast<double>(r.golden_peak_bytes) / 1048576.0);
+    mem_new.push_back(static_cast<double>(r.peak_bytes) / 1048576.0);
   }
   const auto golden = [&](const char* key) {
     const auto it = report.golden.find(key);

@@ -43,7 +43,7 @@ bool dtype_from_name(const std::string& name, at::ScalarType* type) {
 }
 
 Error corrupt(std::uint64_t offset, const std::string& what) {
-  return Error(Errc::corrupt_data, absl::StrCat("safetensors: at byte ", offset, ": ", what));
+  return {Errc::corrupt_data, absl::StrCat("safetensors: at byte ", offset, ": ", what)};
 }
 
 void put_u64_le(std::string* out, std::uint64_t v) {
