@@ -5,6 +5,7 @@
 // are not promised equal across releases, so a seed is not a stable input.
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <optional>
@@ -47,6 +48,11 @@ struct Run {
   std::int64_t peak_bytes = 0;  // peak CPU tensor memory of forward + backward
 };
 
+// Milliseconds since `start`, for a Run's timings.
+inline double elapsed_ms(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
 class Family {
  public:
   virtual ~Family() = default;
@@ -64,5 +70,7 @@ const Family* find_family(const std::string& operation);
 bool matches_filter(const std::string& id, const std::string& filter);
 
 std::unique_ptr<Family> make_logsumexp_family();
+std::unique_ptr<Family> make_attention_family();
+std::unique_ptr<Family> make_loss_family();
 
 }  // namespace keel::harness
