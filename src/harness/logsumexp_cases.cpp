@@ -1,7 +1,6 @@
 // The logsumexp family: every dtype, reduction dims, keepdim, masks with
 // empty rows, and large magnitudes; forward and the input's gradient.
 #include <algorithm>
-#include <chrono>
 
 #include <ATen/ATen.h>
 #include <absl/strings/str_cat.h>
@@ -13,11 +12,6 @@
 
 namespace keel::harness {
 namespace {
-
-double ms_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-      .count();
-}
 
 class LogsumexpFamily final : public Family {
  public:
@@ -76,14 +70,14 @@ class LogsumexpFamily final : public Family {
     PeakMemory memory;
     auto start = std::chrono::steady_clock::now();
     result<LogsumexpOutput> out = logsumexp(input, options);
-    run.forward_ms = ms_since(start);
+    run.forward_ms = elapsed_ms(start);
     if (!out) return out.error();
     const at::Tensor value = out.value().value;
     run.adapter = out.value().dispatch.adapter;
     start = std::chrono::steady_clock::now();
     const at::Tensor grad =
         torch::autograd::grad({value}, {input}, {upstream.reshape(value.sizes())})[0];
-    run.backward_ms = ms_since(start);
+    run.backward_ms = elapsed_ms(start);
     run.peak_bytes = memory.peak_bytes();
     run.outputs["value"] = value.detach();
     run.outputs["grad_input"] = grad;
