@@ -81,7 +81,13 @@ void run_chunks(const Problem& p, const LinearCrossEntropyConfig& config,
     // dtype (accumulating in float32 inside), then the loss in float32.
     if (logits.scalar_type() != p.acc) logits = logits.to(p.acc);
     if (cap > 0) logits.div_(cap).tanh_().mul_(cap);
-    const at::Tensor lse_c = at::logsumexp(logits, 1);
+    // One exp pass serves both the log-sum-exp and, rescaled in place, the
+    // softmax of the gradient. Finite inputs give finite logits, so the row
+    // maximum is finite and the shift is safe.
+    const at::Tensor row_max = logits.amax(1, /*keepdim=*/true);
+    at::Tensor softmax = (logits - row_max).exp_();
+    const at::Tensor row_sum = softmax.sum(1, /*keepdim=*/true);
+    const at::Tensor lse_c = row_sum.log().add_(row_max).squeeze(1);
     const at::Tensor ignored = y.eq(config.ignore_index);
     const at::Tensor y_safe = y.masked_fill(ignored, 0).unsqueeze(1);
     const at::Tensor w_y = cw.defined() ? cw.index_select(0, y_safe.squeeze(1)) : at::Tensor();
@@ -108,7 +114,7 @@ void run_chunks(const Problem& p, const LinearCrossEntropyConfig& config,
     at::Tensor hit = coef * tok;  // (1 - s) w[y] scale, subtracted at the target
     coef.add_(smooth_mass);
     if (z > 0) coef.add_(lse_c, 2.0 * z);
-    at::Tensor g = (logits - lse_c.unsqueeze(1)).exp_();
+    at::Tensor g = softmax.div_(row_sum);
     g.mul_((coef * tok).unsqueeze(1));
     g.scatter_add_(1, y_safe, hit.neg_().unsqueeze(1));
     if (s > 0) {

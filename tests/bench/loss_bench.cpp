@@ -36,15 +36,19 @@ Size g_size{2048, 512, 32768};
 
 class PeakTracker final : public c10::MemoryReportingInfoBase {
  public:
-  void reportMemoryUsage(void* /*ptr*/, int64_t /*alloc_size*/, size_t total_allocated,
+  // alloc_size is negative for a free. c10's own running total is not used:
+  // frees made while no tracker is installed never leave it.
+  void reportMemoryUsage(void* /*ptr*/, int64_t alloc_size, size_t /*total_allocated*/,
                          size_t /*total_reserved*/, c10::Device /*device*/) override {
-    peak_ = std::max(peak_, total_allocated);
+    current_ += alloc_size;
+    peak_ = std::max(peak_, current_);
   }
   bool memoryProfilingEnabled() const override { return true; }
-  size_t peak() const { return peak_; }
+  size_t peak() const { return static_cast<size_t>(peak_); }
 
  private:
-  size_t peak_ = 0;
+  int64_t current_ = 0;
+  int64_t peak_ = 0;
 };
 
 struct Inputs {
