@@ -44,7 +44,12 @@ struct Problem {
 
 Problem make_problem(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
                      const at::Tensor& target, const at::Tensor& class_weights) {
-  Problem p{hidden, weight, bias, target, {}, 0.0,
+  Problem p{hidden,
+            weight,
+            bias,
+            target,
+            {},
+            0.0,
             hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat};
   if (class_weights.defined()) {
     p.class_weights = class_weights.detach().to(p.acc).contiguous();
@@ -64,8 +69,8 @@ Problem make_problem(const at::Tensor& hidden, const at::Tensor& weight, const a
 //                   - (1 - s) w[y] onehot(y) - (s / V) w,
 // times 1 - (l / c)^2 through the soft-cap c * tanh(. / c).
 void run_chunks(const Problem& p, const LinearCrossEntropyConfig& config,
-                const at::Tensor& token_scale, at::Tensor* per_token, at::Tensor* lse,
-                Grads* grads, const Wants& wants) {
+                const at::Tensor& token_scale, at::Tensor* per_token, at::Tensor* lse, Grads* grads,
+                const Wants& wants) {
   const std::int64_t n_tokens = p.hidden.size(0);
   const std::int64_t vocab = p.weight.size(0);
   const double s = config.label_smoothing;
@@ -96,9 +101,8 @@ void run_chunks(const Problem& p, const LinearCrossEntropyConfig& config,
       at::Tensor loss = lse_c - logits.gather(1, y_safe).squeeze(1);
       if (w_y.defined()) loss.mul_(w_y);
       if (s > 0) {
-        const at::Tensor smooth = cw.defined()
-                                      ? lse_c * p.class_weight_sum - at::mv(logits, cw)
-                                      : lse_c * static_cast<double>(vocab) - logits.sum(1);
+        const at::Tensor smooth = cw.defined() ? lse_c * p.class_weight_sum - at::mv(logits, cw)
+                                               : lse_c * static_cast<double>(vocab) - logits.sum(1);
         loss.mul_(1.0 - s).add_(smooth, s / static_cast<double>(vocab));
       }
       if (z > 0) loss.add_(lse_c.square(), z);
@@ -127,9 +131,8 @@ void run_chunks(const Problem& p, const LinearCrossEntropyConfig& config,
     if (cap > 0) g.mul_(logits.div_(cap).square_().neg_().add_(1.0));
     logits = at::Tensor();  // free the block before the GEMMs
     if (wants.hidden) {
-      const at::Tensor g_in = g.scalar_type() == p.weight.scalar_type()
-                                  ? g
-                                  : g.to(p.weight.scalar_type());
+      const at::Tensor g_in =
+          g.scalar_type() == p.weight.scalar_type() ? g : g.to(p.weight.scalar_type());
       at::Tensor rows = grads->hidden.narrow(0, start, n);
       at::mm_out(rows, g_in, p.weight);
     }
@@ -216,8 +219,7 @@ at::Tensor take(AutogradContext* ctx, const std::string& key) {
   return t;
 }
 
-class LinearCrossEntropyFunction
-    : public torch::autograd::Function<LinearCrossEntropyFunction> {
+class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossEntropyFunction> {
  public:
   // Returns {loss, lse, per_token_loss}; the last two carry no gradient.
   static variable_list forward(AutogradContext* ctx, const at::Tensor& hidden,

@@ -3,9 +3,9 @@
 #include <cmath>
 #include <string>
 
+#include <ATen/ATen.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
-#include <ATen/ATen.h>
 #include <c10/core/ScalarType.h>
 
 #include "dispatch/dispatcher.h"
@@ -29,7 +29,7 @@ bool is_floating(at::ScalarType t) {
 }
 
 Error invalid(const std::string& what) {
-  return Error(Errc::invalid_argument, absl::StrCat(kOp, ": ", what));
+  return {Errc::invalid_argument, absl::StrCat(kOp, ": ", what)};
 }
 
 result<void> validate_tensors(const at::Tensor& hidden, const at::Tensor& weight,
@@ -59,8 +59,8 @@ result<void> validate_tensors(const at::Tensor& hidden, const at::Tensor& weight
                                 hidden.device().str()));
   }
   if (hidden.dim() != 2 && hidden.dim() != 3) {
-    return invalid(absl::StrCat("hidden has shape ", shape_of(hidden),
-                                "; expected [N, D] or [B, T, D]"));
+    return invalid(
+        absl::StrCat("hidden has shape ", shape_of(hidden), "; expected [N, D] or [B, T, D]"));
   }
   if (weight.dim() != 2) {
     return invalid(absl::StrCat("weight has shape ", shape_of(weight), "; expected [V, D]"));
@@ -148,13 +148,13 @@ std::string check_target_range(const at::Tensor& target, std::int64_t vocab,
   const at::Tensor kept = target.ne(ignore_index);
   const at::Tensor lo = at::where(kept, target, at::full({}, vocab - 1, target.options())).min();
   const at::Tensor hi = at::where(kept, target, at::zeros({}, target.options())).max();
-  const std::int64_t min = lo.item<std::int64_t>();
-  const std::int64_t max = hi.item<std::int64_t>();
+  const auto min = lo.item<std::int64_t>();
+  const auto max = hi.item<std::int64_t>();
   if (min < 0 || max >= vocab) {
     const std::int64_t bad = min < 0 ? min : max;
     return absl::StrCat("target holds ", bad, ", outside [0, ", vocab,
-                        ") (the vocabulary of weight) and not options.ignore_index (",
-                        ignore_index, ")");
+                        ") (the vocabulary of weight) and not options.ignore_index (", ignore_index,
+                        ")");
   }
   return {};
 }
@@ -162,8 +162,8 @@ std::string check_target_range(const at::Tensor& target, std::int64_t vocab,
 // The largest token count whose float32 [chunk, V] logits block fits the
 // documented budget.
 std::int64_t auto_chunk_size(std::int64_t vocab) {
-  return std::max<std::int64_t>(1, kLinearCrossEntropyChunkBudgetBytes /
-                                       (vocab * static_cast<std::int64_t>(sizeof(float))));
+  return std::max<std::int64_t>(
+      1, kLinearCrossEntropyChunkBudgetBytes / (vocab * static_cast<std::int64_t>(sizeof(float))));
 }
 
 }  // namespace
@@ -185,10 +185,8 @@ result<LossOutput> linear_cross_entropy(const at::Tensor& hidden, const at::Tens
   const at::Tensor hidden_2d = hidden.reshape({-1, hidden.size(-1)});
   const at::Tensor target_1d = target.reshape({-1});
   const std::int64_t tokens = hidden_2d.size(0);
-  const std::int64_t chunk =
-      std::max<std::int64_t>(1, std::min(tokens, options.chunk_size > 0
-                                                     ? options.chunk_size
-                                                     : auto_chunk_size(vocab)));
+  const std::int64_t chunk = std::max<std::int64_t>(
+      1, std::min(tokens, options.chunk_size > 0 ? options.chunk_size : auto_chunk_size(vocab)));
   const internal::LinearCrossEntropyCall call{hidden_2d, weight, target_1d, options, chunk};
   auto selection = internal::select(internal::Registry::builtin(), kOp, request.value(), call,
                                     &internal::Adapter::linear_cross_entropy);

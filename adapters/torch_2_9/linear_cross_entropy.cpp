@@ -45,8 +45,15 @@ CapabilityInfo CompatLinearCrossEntropy::info() {
   c.operation = "linear_cross_entropy";
   c.dtypes = {"float16", "bfloat16", "float32", "float64"};
   c.devices = {"cpu", "cuda"};
-  c.features = {"reduction mean/sum/none", "ignore_index", "label_smoothing", "class_weights",
-                "z_loss", "logit_softcap", "bias", "chunk_size", "per-token loss and lse"};
+  c.features = {"reduction mean/sum/none",
+                "ignore_index",
+                "label_smoothing",
+                "class_weights",
+                "z_loss",
+                "logit_softcap",
+                "bias",
+                "chunk_size",
+                "per-token loss and lse"};
   c.implementation =
       "compat::chunked_linear_cross_entropy: token chunks, logits never materialised, "
       "gradients formed in forward into float32 accumulators";

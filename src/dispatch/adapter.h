@@ -33,9 +33,7 @@ class Adapter {
   virtual AdapterInfo info() const = 0;
 
   virtual const LogsumexpKernel* logsumexp() const noexcept { return nullptr; }
-  virtual const LinearCrossEntropyKernel* linear_cross_entropy() const noexcept {
-    return nullptr;
-  }
+  virtual const LinearCrossEntropyKernel* linear_cross_entropy() const noexcept { return nullptr; }
 };
 
 }  // namespace keel::internal

@@ -75,7 +75,8 @@ reference::LinearCrossEntropyCase reference_case(const Case& c, const Inputs& in
 }
 
 const Case kTable[] = {
-    // name                      reduction        ignore ign%  smooth cw     bias   cap  z     N   V   chunk
+    // name                      reduction        ignore ign%  smooth cw     bias   cap  z     N   V
+    // chunk
     {"mean_plain", Reduction::mean, -100, 0.0, 0.0, false, false, 0, 0, 17, 37, 0},
     {"mean_ignored", Reduction::mean, -100, 0.3, 0.0, false, false, 0, 0, 23, 37, 5},
     {"mean_smooth_weights", Reduction::mean, -100, 0.3, 0.2, true, false, 0, 0, 23, 41, 7},
@@ -228,8 +229,7 @@ TEST_P(LinearCrossEntropyConformance, HalfTypesAreWithinTheNaiveSamePrecisionErr
     const at::Tensor upstream = at::randn({c.tokens}, at::kFloat);
     const at::Tensor g = torch::autograd::grad({r.value().loss}, {h}, {upstream})[0];
     const at::Tensor gn = torch::autograd::grad({naive}, {hn}, {upstream})[0];
-    const at::Tensor g64 =
-        torch::autograd::grad({ref.loss}, {h64}, {upstream.to(at::kDouble)})[0];
+    const at::Tensor g64 = torch::autograd::grad({ref.loss}, {h64}, {upstream.to(at::kDouble)})[0];
     const at::Tensor gbound = (gn.to(at::kDouble) - g64).abs() + slack;
     EXPECT_TRUE(((g.to(at::kDouble) - g64).abs() <= gbound).all().item<bool>());
   }
@@ -479,14 +479,15 @@ TEST_P(LinearCrossEntropyConformance, BadInputIsInvalidArgumentNamingTheArgument
       {"smoothing NaN", h, w, y,
        with([](auto& o) { o.label_smoothing = std::numeric_limits<double>::quiet_NaN(); }),
        "options.label_smoothing"},
-      {"negative chunk", h, w, y, with([](auto& o) { o.chunk_size = -1; }),
-       "options.chunk_size"},
+      {"negative chunk", h, w, y, with([](auto& o) { o.chunk_size = -1; }), "options.chunk_size"},
       {"class weights length", h, w, y, with([](auto& o) { o.class_weights = at::ones({9}); }),
        "options.class_weights has shape [9]"},
       {"class weights dtype", h, w, y,
        with([](auto& o) { o.class_weights = at::ones({10}, at::kLong); }),
        "options.class_weights has dtype"},
-      {"bias shape", h, w, y, with([](auto& o) { o.bias = at::zeros({10, 1}); }),
+      {"bias shape", h, w, y, with([](auto& o) {
+         o.bias = at::zeros({10, 1});
+       }),
        "options.bias has shape"},
       {"bias dtype", h, w, y, with([](auto& o) { o.bias = at::zeros({10}, at::kDouble); }),
        "options.bias has dtype"},

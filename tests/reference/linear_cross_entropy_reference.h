@@ -37,9 +37,7 @@ inline LinearCrossEntropyReference linear_cross_entropy(const at::Tensor& hidden
                                                         const at::Tensor& weight,
                                                         const at::Tensor& target,
                                                         const LinearCrossEntropyCase& c) {
-  const auto d = [](const at::Tensor& t) {
-    return t.defined() ? t.to(at::kDouble) : at::Tensor();
-  };
+  const auto d = [](const at::Tensor& t) { return t.defined() ? t.to(at::kDouble) : at::Tensor(); };
   const at::Tensor h = d(hidden).reshape({-1, hidden.size(-1)});
   const at::Tensor y = target.reshape({-1});
   const std::int64_t vocab = weight.size(0);
