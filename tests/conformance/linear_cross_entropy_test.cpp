@@ -443,6 +443,40 @@ TEST_P(LinearCrossEntropyConformance, BackwardTwiceThroughOneReducedLossIsAClear
   }
 }
 
+TEST_P(LinearCrossEntropyConformance, TokensTimesVocabAbove2To31UsesWideIndexing) {
+  // N * V = 65600 * 32769 > 2^31. With hidden = 0 every token's logits are
+  // the bias, so the per-token loss is lse(bias) - bias[y], cheap to check
+  // for every token without the [N, V] reference.
+  constexpr std::int64_t kTokens = 65600;
+  constexpr std::int64_t kVocab = 32769;
+  static_assert(kTokens * kVocab > (std::int64_t{1} << 31));
+  at::NoGradGuard no_grad;
+  const at::Tensor h = at::zeros({kTokens, 1});
+  const at::Tensor w = at::randn({kVocab, 1});
+  const at::Tensor y = at::randint(0, kVocab, {kTokens}, at::kLong);
+  LinearCrossEntropyOptions o;
+  o.bias = at::randn({kVocab});
+  o.reduction = Reduction::none;
+  o.dispatch.backend = GetParam();
+  auto r = linear_cross_entropy(h, w, y, o);
+  ASSERT_TRUE(r) << r.error().to_string();
+  const at::Tensor b = o.bias.to(at::kDouble);
+  const at::Tensor want = at::logsumexp(b, 0) - b.index_select(0, y);
+  EXPECT_TRUE(at::allclose(r.value().loss.to(at::kDouble), want, 1e-5, 1e-5));
+}
+
+TEST_P(LinearCrossEntropyConformance, ReductionNoneRecomputesSoItCanBackpropagateTwice) {
+  const Case c{"none_twice", Reduction::none, -100, 0.2, 0.1, false, false, 0, 0, 9, 14, 4};
+  const Inputs in = make_inputs(c);
+  const at::Tensor h = in.hidden.clone().requires_grad_(true);
+  auto r = linear_cross_entropy(h, in.weight, in.target, options_for(c, in, at::kDouble));
+  ASSERT_TRUE(r) << r.error().to_string();
+  const at::Tensor upstream = at::randn({c.tokens}, at::kDouble);
+  const at::Tensor first = torch::autograd::grad({r.value().loss}, {h}, {upstream}, true)[0];
+  const at::Tensor second = torch::autograd::grad({r.value().loss}, {h}, {upstream})[0];
+  EXPECT_TRUE(at::equal(first, second));
+}
+
 TEST_P(LinearCrossEntropyConformance, BadInputIsInvalidArgumentNamingTheArgument) {
   const at::Tensor h = at::randn({4, 8});
   const at::Tensor w = at::randn({10, 8});

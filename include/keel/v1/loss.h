@@ -34,7 +34,11 @@
 /// - A second-order gradient (`create_graph = true` through the loss) is an
 ///   error thrown by autograd (a `c10::Error` naming keel), never a silently
 ///   wrong number: the gradients are computed inside the forward pass.
-///   Backpropagating twice with `retain_graph = true` is fine.
+/// - For `mean` and `sum` the forward pass computes the gradients and the
+///   first backward takes them over (no second copy of grad_weight is
+///   kept), so a second backward through the same loss, even with
+///   `retain_graph = true`, is the same kind of error. `none` recomputes in
+///   backward and can be backpropagated more than once.
 /// - `class_weights` and `target` get no gradient.
 /// - Results depend (within rounding) on the chunk size, since the weight
 ///   gradient is summed chunk by chunk; for one chunk size they are bitwise
