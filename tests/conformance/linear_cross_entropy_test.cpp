@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
