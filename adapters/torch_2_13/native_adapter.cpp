@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <torch/headeronly/version.h>
 
+#include "dispatch/linear_cross_entropy.h"
 #include "dispatch/logsumexp.h"
 #include "masked_logsumexp.h"
 
@@ -41,6 +42,26 @@ class NativeLogsumexp final : public internal::LogsumexpKernel {
   }
 };
 
+// libtorch 2.13 added linear_cross_entropy to torch.nn.functional in Python
+// only (torch/nn/functional.py); there is no ATen op or C++ entry point to
+// call. Serving it here by running compat would be a silent fallback under
+// Backend::native, so native declines every call with the reason, and auto
+// records that reason when it goes to compat.
+constexpr const char* kNoNativeLinearCrossEntropy =
+    "libtorch 2.13 has linear_cross_entropy only in Python (torch/nn/functional.py); no ATen "
+    "op, so keel's chunked compat implementation serves it";
+
+class NativeLinearCrossEntropy final : public internal::LinearCrossEntropyKernel {
+ public:
+  internal::Support supports(const internal::LinearCrossEntropyCall& /*call*/) const override {
+    return internal::Support::no(kNoNativeLinearCrossEntropy);
+  }
+  internal::LinearCrossEntropyResult run(
+      const internal::LinearCrossEntropyCall& /*call*/) const override {
+    TORCH_CHECK(false, kNoNativeLinearCrossEntropy);
+  }
+};
+
 class NativeAdapter final : public internal::Adapter {
  public:
   Backend kind() const noexcept override { return Backend::native; }
@@ -58,13 +79,22 @@ class NativeAdapter final : public internal::Adapter {
     lse.features = {"keepdim", "zero gradient on empty rows"};
     lse.implementation = "at::logsumexp in float32";
     info.capabilities.push_back(std::move(lse));
+    // Listed with nothing served, so that keel-info shows why.
+    CapabilityInfo lce;
+    lce.operation = "linear_cross_entropy";
+    lce.implementation = std::string("none: ") + kNoNativeLinearCrossEntropy;
+    info.capabilities.push_back(std::move(lce));
     return info;
   }
 
   const internal::LogsumexpKernel* logsumexp() const noexcept override { return &logsumexp_; }
+  const internal::LinearCrossEntropyKernel* linear_cross_entropy() const noexcept override {
+    return &linear_cross_entropy_;
+  }
 
  private:
   NativeLogsumexp logsumexp_;
+  NativeLinearCrossEntropy linear_cross_entropy_;
 };
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include "dispatch/logsumexp.h"
 #include "masked_logsumexp.h"
+#include "torch_2_9/linear_cross_entropy.h"
 
 namespace keel::adapters {
 namespace {
@@ -32,13 +33,18 @@ class CompatAdapter final : public internal::Adapter {
     lse.features = {"mask", "keepdim", "zero gradient on empty rows"};
     lse.implementation = "compat::masked_logsumexp: max-shifted exp/sum/log in float32";
     info.capabilities.push_back(std::move(lse));
+    info.capabilities.push_back(CompatLinearCrossEntropy::info());
     return info;
   }
 
   const internal::LogsumexpKernel* logsumexp() const noexcept override { return &logsumexp_; }
+  const internal::LinearCrossEntropyKernel* linear_cross_entropy() const noexcept override {
+    return &linear_cross_entropy_;
+  }
 
  private:
   CompatLogsumexp logsumexp_;
+  CompatLinearCrossEntropy linear_cross_entropy_;
 };
 
 }  // namespace

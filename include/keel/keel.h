@@ -20,4 +20,5 @@
 #include "keel/v1/dispatch.h"
 #include "keel/v1/error.h"
 #include "keel/v1/logsumexp.h"
+#include "keel/v1/loss.h"
 #include "keel/version.h"

@@ -12,6 +12,7 @@
 
 namespace keel::internal {
 
+class LinearCrossEntropyKernel;
 class LogsumexpKernel;
 
 // A kernel's answer to "can you serve this call?", with the reason when not.
@@ -32,6 +33,7 @@ class Adapter {
   virtual AdapterInfo info() const = 0;
 
   virtual const LogsumexpKernel* logsumexp() const noexcept { return nullptr; }
+  virtual const LinearCrossEntropyKernel* linear_cross_entropy() const noexcept { return nullptr; }
 };
 
 }  // namespace keel::internal

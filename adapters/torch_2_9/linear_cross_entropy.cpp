@@ -1,0 +1,63 @@
+// The compat adapter's linear_cross_entropy: keel's chunked implementation
+// (compat/chunked_linear_cross_entropy.*), on ATen ops present since 2.9.
+#include "torch_2_9/linear_cross_entropy.h"
+
+#include "chunked_linear_cross_entropy.h"
+
+namespace keel::adapters {
+
+namespace {
+compat::LossReduction to_compat(Reduction r) {
+  switch (r) {
+    case Reduction::sum:
+      return compat::LossReduction::sum;
+    case Reduction::none:
+      return compat::LossReduction::none;
+    case Reduction::mean:
+      break;
+  }
+  return compat::LossReduction::mean;
+}
+}  // namespace
+
+internal::Support CompatLinearCrossEntropy::supports(
+    const internal::LinearCrossEntropyCall& /*call*/) const {
+  return internal::Support::yes();
+}
+
+internal::LinearCrossEntropyResult CompatLinearCrossEntropy::run(
+    const internal::LinearCrossEntropyCall& call) const {
+  const LinearCrossEntropyOptions& o = call.options;
+  compat::LinearCrossEntropyConfig config;
+  config.reduction = to_compat(o.reduction);
+  config.ignore_index = o.ignore_index;
+  config.label_smoothing = o.label_smoothing;
+  config.z_loss = o.z_loss;
+  config.logit_softcap = o.logit_softcap;
+  config.chunk_size = call.chunk_size;
+  compat::LinearCrossEntropyOutputs out = compat::chunked_linear_cross_entropy(
+      call.hidden, call.weight, o.bias, call.target, o.class_weights, config);
+  return {std::move(out.loss), std::move(out.per_token_loss), std::move(out.lse)};
+}
+
+CapabilityInfo CompatLinearCrossEntropy::info() {
+  CapabilityInfo c;
+  c.operation = "linear_cross_entropy";
+  c.dtypes = {"float16", "bfloat16", "float32", "float64"};
+  c.devices = {"cpu", "cuda"};
+  c.features = {"reduction mean/sum/none",
+                "ignore_index",
+                "label_smoothing",
+                "class_weights",
+                "z_loss",
+                "logit_softcap",
+                "bias",
+                "chunk_size",
+                "per-token loss and lse"};
+  c.implementation =
+      "compat::chunked_linear_cross_entropy: token chunks, logits never materialised, "
+      "gradients formed in forward into float32 accumulators";
+  return c;
+}
+
+}  // namespace keel::adapters

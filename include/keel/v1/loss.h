@@ -1,0 +1,145 @@
+/// @file keel/v1/loss.h
+/// @brief `keel::linear_cross_entropy`: the cross-entropy of a linear
+/// projection, computed without ever holding the `[N, V]` logits.
+///
+/// A language model's last layer multiplies hidden states `[N, D]` by an
+/// output embedding `[V, D]` and takes the cross-entropy of the `[N, V]`
+/// logits. With a large vocabulary those logits (and their gradient) are
+/// the largest tensors of the step. `keel::linear_cross_entropy` computes
+/// the same loss chunk by chunk of tokens, so that only a `[chunk, V]` block
+/// lives at a time, and computes the gradients for hidden, weight and bias in
+/// the same pass. It means what PyTorch means by
+/// `F.cross_entropy(F.linear(h, W, b).float(), y, weight=class_weights,
+/// ignore_index=ignore_index, label_smoothing=label_smoothing,
+/// reduction=reduction)`, plus the optional logit soft-capping and z-loss
+/// described on `LinearCrossEntropyOptions`.
+///
+/// @code
+///   at::Tensor hidden = at::randn({8, 64}).requires_grad_(true);   // [N, D]
+///   at::Tensor weight = at::randn({1000, 64}).requires_grad_(true); // [V, D]
+///   at::Tensor target = at::randint(0, 1000, {8}, at::kLong);       // [N]
+///   keel::LinearCrossEntropyOptions options;
+///   options.label_smoothing = 0.1;
+///   keel::result<keel::LossOutput> r =
+///       keel::linear_cross_entropy(hidden, weight, target, options);
+///   if (!r) { std::cerr << r.error().to_string() << "\n"; return; }
+///   r.value().loss.backward();  // fills hidden.grad() and weight.grad()
+/// @endcode
+///
+/// Traps:
+/// - With `Reduction::mean`, a call whose targets are all `ignore_index`
+///   gives NaN (0 / 0), as PyTorch does; its gradients are 0.
+/// - With class weights, `Reduction::mean` divides by the sum of the class
+///   weights of the non-ignored targets, not by their count (PyTorch's rule).
+/// - A second-order gradient (`create_graph = true` through the loss) is an
+///   error thrown by autograd (a `c10::Error` naming keel), never a silently
+///   wrong number: the gradients are computed inside the forward pass.
+/// - For `mean` and `sum` the forward pass computes the gradients and the
+///   first backward takes them over (no second copy of grad_weight is
+///   kept), so a second backward through the same loss, even with
+///   `retain_graph = true`, is the same kind of error. `none` recomputes in
+///   backward and can be backpropagated more than once.
+/// - `class_weights` and `target` get no gradient.
+/// - Results depend (within rounding) on the chunk size, since the weight
+///   gradient is summed chunk by chunk; for one chunk size they are bitwise
+///   reproducible.
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+
+#include "keel/v1/dispatch.h"
+#include "keel/v1/error.h"
+
+namespace keel {
+inline namespace v1 {
+
+/// How per-token losses are combined, as in PyTorch's `reduction`.
+enum class Reduction : std::uint8_t {
+  /// Sum of the per-token losses divided by the sum of the weights of the
+  /// non-ignored targets (their count without class weights).
+  mean = 0,
+  /// Sum of the per-token losses.
+  sum,
+  /// The per-token losses, in `target`'s shape; ignored tokens give 0.
+  none,
+};
+
+/// The memory budget, in bytes, that `LinearCrossEntropyOptions::chunk_size
+/// = 0` sizes a chunk for: the largest number of tokens whose float32 logits
+/// block `[chunk, V]` fits in 32 MiB (at least one token). The working set of
+/// a chunk is about two such blocks plus the bf16/fp16 copy of one.
+constexpr std::int64_t kLinearCrossEntropyChunkBudgetBytes = std::int64_t{32} << 20;
+
+/// Options of `keel::linear_cross_entropy`. Every member has a default, so a
+/// caller sets only what it means.
+struct LinearCrossEntropyOptions {
+  /// How per-token losses are combined.
+  Reduction reduction = Reduction::mean;
+  /// Tokens whose target equals this contribute neither loss nor gradient
+  /// (PyTorch's default, -100). It may also be a valid class in [0, V).
+  std::int64_t ignore_index = -100;
+  /// PyTorch's label smoothing, in [0, 1]: token i's loss is
+  /// `(1 - s) * w[y_i] * (-log p[y_i]) + (s / V) * sum_c w[c] * (-log p[c])`,
+  /// with `w` the class weights (all 1 when undefined).
+  double label_smoothing = 0.0;
+  /// Optional per-class weights `[V]`, floating point, on hidden's device.
+  /// Undefined (the default) weighs every class 1. They get no gradient.
+  at::Tensor class_weights;
+  /// The z-loss coefficient z >= 0 (0 = off): every non-ignored token adds
+  /// `z * lse_i^2` to its loss, with `lse_i` the log-sum-exp of its
+  /// (soft-capped) logits. The term is not multiplied by class weights, and
+  /// it is reduced with the cross-entropy: summed for `sum`, divided by the
+  /// same denominator for `mean`, and part of the per-token value for
+  /// `none`.
+  double z_loss = 0.0;
+  /// Logit soft-capping c >= 0 (0 = off): logits become `c * tanh(z / c)`
+  /// (after the bias) before the softmax, as in Gemma 2.
+  double logit_softcap = 0.0;
+  /// Optional bias `[V]`, the same dtype and device as `weight`; it gets a
+  /// gradient when it requires one. Undefined (the default) means none.
+  at::Tensor bias;
+  /// Tokens per chunk; 0 (the default) chooses from
+  /// `kLinearCrossEntropyChunkBudgetBytes`. Negative is an error.
+  std::int64_t chunk_size = 0;
+  /// Also return the per-token loss (`LossOutput::per_token_loss`).
+  bool return_per_token_loss = false;
+  /// Also return the per-token log-sum-exp (`LossOutput::lse`).
+  bool return_lse = false;
+  /// Which adapter serves the call.
+  DispatchOptions dispatch;
+};
+
+/// The result of `keel::linear_cross_entropy`.
+struct LossOutput {
+  /// The loss: a scalar for `mean` and `sum`, `target`'s shape for `none`.
+  /// float32 for float16/bfloat16/float32 input, float64 for float64. It
+  /// carries autograd to hidden, weight and bias when they require grad.
+  at::Tensor loss;
+  /// With `return_per_token_loss`: the per-token loss (target's shape, 0 for
+  /// ignored tokens, z-loss included), detached. Undefined otherwise.
+  at::Tensor per_token_loss;
+  /// With `return_lse`: the log-sum-exp of each token's (soft-capped)
+  /// logits, target's shape, detached. Undefined otherwise.
+  at::Tensor lse;
+  /// Which adapter served the call, and why.
+  DispatchInfo dispatch;
+};
+
+/// Computes the cross-entropy of `hidden @ weight^T (+ bias)` against
+/// `target`, chunk by chunk of tokens.
+///
+/// `hidden` is `[N, D]` or `[B, T, D]`, `weight` `[V, D]`, both float16,
+/// bfloat16, float32 or float64 of the same dtype and device; `target` is
+/// int64 of hidden's leading shape (`[N]` or `[B, T]`), every entry in
+/// [0, V) or equal to `ignore_index`. Inputs may be non-contiguous or
+/// expanded. Errors: `invalid_argument` for bad arguments (the message names
+/// the argument), `unsupported` when the requested adapter cannot serve the
+/// call, `backend_error` when libtorch fails.
+result<LossOutput> linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
+                                        const at::Tensor& target,
+                                        const LinearCrossEntropyOptions& options = {});
+
+}  // namespace v1
+}  // namespace keel

@@ -1,0 +1,576 @@
+// linear_cross_entropy on every adapter of this build against the float64
+// reference (tests/reference/linear_cross_entropy_reference.h).
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "conformance/adapters.h"
+#include "reference/linear_cross_entropy_reference.h"
+
+namespace keel {
+namespace {
+
+using torch::autograd::variable_list;
+
+constexpr const char* kNativeReason = "only in Python";
+
+// One row of the option table.
+struct Case {
+  const char* name;
+  Reduction reduction;
+  std::int64_t ignore_index;  // -100 is absent from the targets unless ignored_share > 0
+  double ignored_share;
+  double label_smoothing;
+  bool class_weights;
+  bool bias;
+  double logit_softcap;
+  double z_loss;
+  std::int64_t tokens;
+  std::int64_t vocab;
+  std::int64_t chunk_size;
+};
+
+// Inputs in float64; a test rounds them to the dtype under test and gives
+// the reference the rounded values, so only the computation is compared.
+struct Inputs {
+  at::Tensor hidden;  // [N, D]
+  at::Tensor weight;  // [V, D]
+  at::Tensor target;  // [N]
+  at::Tensor class_weights;
+  at::Tensor bias;
+};
+
+constexpr std::int64_t kDim = 24;
+
+Inputs make_inputs(const Case& c) {
+  Inputs in;
+  in.hidden = at::randn({c.tokens, kDim}, at::kDouble);
+  in.weight = at::randn({c.vocab, kDim}, at::kDouble) * 0.4;
+  in.target = at::randint(0, c.vocab, {c.tokens}, at::kLong);
+  if (c.ignored_share > 0) {
+    const at::Tensor drop = at::rand({c.tokens}, at::kDouble) < c.ignored_share;
+    in.target.masked_fill_(drop, c.ignore_index);
+  }
+  if (c.class_weights) in.class_weights = at::rand({c.vocab}, at::kDouble) * 2 + 0.1;
+  if (c.bias) in.bias = at::randn({c.vocab}, at::kDouble);
+  return in;
+}
+
+reference::LinearCrossEntropyCase reference_case(const Case& c, const Inputs& in) {
+  reference::LinearCrossEntropyCase r;
+  r.reduction = c.reduction;
+  r.ignore_index = c.ignore_index;
+  r.label_smoothing = c.label_smoothing;
+  r.class_weights = in.class_weights;
+  r.bias = in.bias;
+  r.z_loss = c.z_loss;
+  r.logit_softcap = c.logit_softcap;
+  return r;
+}
+
+const Case kTable[] = {
+    // name                      reduction        ignore ign%  smooth cw     bias   cap  z     N   V
+    // chunk
+    {"mean_plain", Reduction::mean, -100, 0.0, 0.0, false, false, 0, 0, 17, 37, 0},
+    {"mean_ignored", Reduction::mean, -100, 0.3, 0.0, false, false, 0, 0, 23, 37, 5},
+    {"mean_smooth_weights", Reduction::mean, -100, 0.3, 0.2, true, false, 0, 0, 23, 41, 7},
+    {"mean_weights_bias", Reduction::mean, -100, 0.0, 0.0, true, true, 0, 0, 16, 40, 3},
+    {"mean_softcap_z", Reduction::mean, -100, 0.2, 0.0, false, true, 2.5, 1e-3, 19, 33, 4},
+    {"mean_everything", Reduction::mean, -100, 0.25, 0.1, true, true, 3.0, 1e-2, 21, 50, 8},
+    {"mean_ignore_is_a_class", Reduction::mean, 3, 0.0, 0.1, false, false, 0, 0, 30, 7, 6},
+    {"sum_plain", Reduction::sum, -100, 0.0, 0.0, false, true, 0, 0, 12, 29, 5},
+    {"sum_smooth_ignored", Reduction::sum, -100, 0.3, 0.3, false, false, 0, 0, 20, 31, 1},
+    {"sum_weights_softcap", Reduction::sum, -100, 0.1, 0.0, true, false, 1.5, 0, 14, 64, 0},
+    {"sum_z", Reduction::sum, -100, 0.0, 0.05, false, true, 0, 1e-2, 9, 33, 2},
+    {"none_plain", Reduction::none, -100, 0.0, 0.0, false, false, 0, 0, 15, 37, 4},
+    {"none_everything", Reduction::none, -100, 0.3, 0.15, true, true, 2.0, 1e-2, 22, 45, 6},
+    {"none_one_token", Reduction::none, -100, 0.0, 0.1, false, true, 0, 0, 1, 19, 0},
+    {"mean_one_token", Reduction::mean, -100, 0.0, 0.0, true, false, 0, 1e-3, 1, 11, 0},
+    {"smoothing_one", Reduction::mean, -100, 0.2, 1.0, true, false, 0, 0, 13, 21, 4},
+};
+
+class LinearCrossEntropyConformance : public ::testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override {
+    // Native declines every call (libtorch 2.13 has the op only in Python);
+    // LinearCrossEntropyDispatch pins that, so the numeric suite skips it.
+    // Validation runs before dispatch, so the bad-input table runs on native.
+    const std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    if (GetParam() == Backend::native && name.find("BadInput") == std::string::npos) {
+      GTEST_SKIP() << "native declines linear_cross_entropy";
+    }
+  }
+
+  LinearCrossEntropyOptions options_for(const Case& c, const Inputs& in,
+                                        at::ScalarType dtype) const {
+    LinearCrossEntropyOptions o;
+    o.reduction = c.reduction;
+    o.ignore_index = c.ignore_index;
+    o.label_smoothing = c.label_smoothing;
+    o.z_loss = c.z_loss;
+    o.logit_softcap = c.logit_softcap;
+    o.chunk_size = c.chunk_size;
+    if (in.class_weights.defined()) o.class_weights = in.class_weights.to(at::kFloat);
+    if (in.bias.defined()) o.bias = in.bias.to(dtype);
+    o.dispatch.backend = GetParam();
+    return o;
+  }
+};
+
+// Gradients of `loss` (scalar or per token with `upstream`) for the defined
+// leaves.
+variable_list gradients(const at::Tensor& loss, const variable_list& leaves,
+                        const at::Tensor& upstream) {
+  variable_list inputs;
+  for (const at::Tensor& t : leaves) {
+    if (t.defined()) inputs.push_back(t);
+  }
+  if (loss.dim() == 0) return torch::autograd::grad({loss}, inputs);
+  return torch::autograd::grad({loss}, inputs, {upstream.to(loss.scalar_type())});
+}
+
+double max_relative_error(const at::Tensor& got, const at::Tensor& want) {
+  const at::Tensor g = got.to(at::kDouble);
+  return ((g - want).abs().max() / want.abs().max().clamp_min(1e-300)).item<double>();
+}
+
+TEST_P(LinearCrossEntropyConformance, OptionTableMatchesFloat64ReferenceInFloat32) {
+  for (const Case& c : kTable) {
+    SCOPED_TRACE(c.name);
+    const Inputs in = make_inputs(c);
+    // keel in float32; the reference in float64 on the same rounded values.
+    const at::Tensor h = in.hidden.to(at::kFloat).requires_grad_(true);
+    const at::Tensor w = in.weight.to(at::kFloat).requires_grad_(true);
+    LinearCrossEntropyOptions o = options_for(c, in, at::kFloat);
+    if (o.bias.defined()) o.bias.requires_grad_(true);
+    auto r = linear_cross_entropy(h, w, in.target, o);
+    ASSERT_TRUE(r) << r.error().to_string();
+    EXPECT_EQ(r.value().dispatch.adapter, "compat");
+    const at::Tensor loss = r.value().loss;
+    ASSERT_EQ(loss.scalar_type(), at::kFloat);
+
+    const at::Tensor h64 = h.detach().to(at::kDouble).requires_grad_(true);
+    const at::Tensor w64 = w.detach().to(at::kDouble).requires_grad_(true);
+    reference::LinearCrossEntropyCase rc = reference_case(c, in);
+    if (o.bias.defined()) rc.bias = o.bias.detach().to(at::kDouble).requires_grad_(true);
+    rc.class_weights = o.class_weights.defined() ? o.class_weights.to(at::kDouble) : at::Tensor();
+    const auto ref = reference::linear_cross_entropy(h64, w64, in.target, rc);
+    ASSERT_EQ(loss.sizes(), ref.loss.sizes());
+    EXPECT_LE(max_relative_error(loss.detach(), ref.loss.detach()), 1e-5);
+
+    // Random per-token upstream gradients for none; 1 otherwise.
+    const at::Tensor upstream = at::randn({c.tokens}, at::kDouble);
+    const variable_list got = gradients(loss, {h, w, o.bias}, upstream);
+    const variable_list want = gradients(ref.loss, {h64, w64, rc.bias}, upstream);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      SCOPED_TRACE(i == 0 ? "grad hidden" : i == 1 ? "grad weight" : "grad bias");
+      EXPECT_EQ(got[i].scalar_type(), at::kFloat);
+      EXPECT_TRUE(at::allclose(got[i].to(at::kDouble), want[i], 5e-4, 1e-5))
+          << "max abs error " << (got[i].to(at::kDouble) - want[i]).abs().max().item<double>();
+    }
+  }
+}
+
+TEST_P(LinearCrossEntropyConformance, ReferenceIsPyTorchsCrossEntropy) {
+  // Pins the reference itself to at::cross_entropy_loss (what
+  // F.cross_entropy calls) wherever PyTorch has the option.
+  for (const Case& c : kTable) {
+    if (c.z_loss > 0 || c.logit_softcap > 0) continue;
+    SCOPED_TRACE(c.name);
+    const Inputs in = make_inputs(c);
+    const auto ref =
+        reference::linear_cross_entropy(in.hidden, in.weight, in.target, reference_case(c, in));
+    const at::Tensor logits = at::linear(in.hidden, in.weight, in.bias);
+    const std::int64_t reduction = c.reduction == Reduction::mean  ? at::Reduction::Mean
+                                   : c.reduction == Reduction::sum ? at::Reduction::Sum
+                                                                   : at::Reduction::None;
+    const at::Tensor torch_loss = at::cross_entropy_loss(
+        logits, in.target, in.class_weights, reduction, c.ignore_index, c.label_smoothing);
+    EXPECT_TRUE(at::allclose(ref.loss, torch_loss, 1e-12, 1e-12));
+  }
+}
+
+TEST_P(LinearCrossEntropyConformance, HalfTypesAreWithinTheNaiveSamePrecisionError) {
+  const Case c{"mixed", Reduction::none, -100, 0.2, 0.1, true, true, 0, 0, 40, 300, 16};
+  const Inputs in = make_inputs(c);
+  for (const auto& [dtype, slack] : {std::pair{at::kBFloat16, 1e-2}, std::pair{at::kHalf, 1e-3}}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    const at::Tensor h = in.hidden.to(dtype).requires_grad_(true);
+    const at::Tensor w = in.weight.to(dtype).requires_grad_(true);
+    LinearCrossEntropyOptions o = options_for(c, in, dtype);
+    auto r = linear_cross_entropy(h, w, in.target, o);
+    ASSERT_TRUE(r) << r.error().to_string();
+    EXPECT_EQ(r.value().loss.scalar_type(), at::kFloat);
+
+    const at::Tensor h64 = h.detach().to(at::kDouble).requires_grad_(true);
+    reference::LinearCrossEntropyCase rc = reference_case(c, in);
+    rc.bias = o.bias.to(at::kDouble);
+    rc.class_weights = o.class_weights.to(at::kDouble);
+    const auto ref = reference::linear_cross_entropy(h64, w.detach(), in.target, rc);
+
+    // The naive computation PyTorch users run: F.linear in the half type,
+    // then cross-entropy in float32.
+    const at::Tensor hn = h.detach().clone().requires_grad_(true);
+    const at::Tensor naive =
+        at::cross_entropy_loss(at::linear(hn, w.detach(), o.bias).to(at::kFloat), in.target,
+                               o.class_weights, at::Reduction::None, -100, c.label_smoothing);
+
+    const at::Tensor got = r.value().loss.detach().to(at::kDouble);
+    const at::Tensor bound = (naive.detach().to(at::kDouble) - ref.loss.detach()).abs() + slack;
+    EXPECT_TRUE(((got - ref.loss.detach()).abs() <= bound).all().item<bool>());
+
+    const at::Tensor upstream = at::randn({c.tokens}, at::kFloat);
+    const at::Tensor g = torch::autograd::grad({r.value().loss}, {h}, {upstream})[0];
+    const at::Tensor gn = torch::autograd::grad({naive}, {hn}, {upstream})[0];
+    const at::Tensor g64 = torch::autograd::grad({ref.loss}, {h64}, {upstream.to(at::kDouble)})[0];
+    const at::Tensor gbound = (gn.to(at::kDouble) - g64).abs() + slack;
+    EXPECT_TRUE(((g.to(at::kDouble) - g64).abs() <= gbound).all().item<bool>());
+  }
+}
+
+TEST_P(LinearCrossEntropyConformance, BatchedInputGivesTheFlattenedResultInTargetsShape) {
+  const Case c{"batched", Reduction::none, -100, 0.2, 0.0, false, false, 0, 0, 12, 30, 5};
+  const Inputs in = make_inputs(c);
+  const at::Tensor h = in.hidden.to(at::kFloat);
+  const at::Tensor w = in.weight.to(at::kFloat);
+  LinearCrossEntropyOptions o = options_for(c, in, at::kFloat);
+  o.return_lse = true;
+  o.return_per_token_loss = true;
+  auto flat = linear_cross_entropy(h, w, in.target, o);
+  auto batched = linear_cross_entropy(h.view({3, 4, kDim}), w, in.target.view({3, 4}), o);
+  ASSERT_TRUE(flat && batched);
+  EXPECT_EQ(batched.value().loss.sizes(), (at::IntArrayRef{3, 4}));
+  EXPECT_EQ(batched.value().lse.sizes(), (at::IntArrayRef{3, 4}));
+  EXPECT_EQ(batched.value().per_token_loss.sizes(), (at::IntArrayRef{3, 4}));
+  EXPECT_TRUE(at::equal(batched.value().loss.reshape({-1}), flat.value().loss));
+}
+
+TEST_P(LinearCrossEntropyConformance, ReturnsPerTokenLossAndLseThatAddUpToTheLoss) {
+  const Case c{"outputs", Reduction::mean, -100, 0.3, 0.1, true, true, 2.0, 1e-2, 25, 40, 6};
+  const Inputs in = make_inputs(c);
+  LinearCrossEntropyOptions o = options_for(c, in, at::kDouble);
+  o.class_weights = in.class_weights;
+  o.return_lse = true;
+  o.return_per_token_loss = true;
+  auto r = linear_cross_entropy(in.hidden, in.weight, in.target, o);
+  ASSERT_TRUE(r) << r.error().to_string();
+  const auto ref =
+      reference::linear_cross_entropy(in.hidden, in.weight, in.target, reference_case(c, in));
+  EXPECT_TRUE(at::allclose(r.value().per_token_loss, ref.per_token, 1e-12, 1e-12));
+  EXPECT_TRUE(at::allclose(r.value().lse, ref.lse, 1e-12, 1e-12));
+  EXPECT_TRUE(at::allclose(r.value().loss, ref.loss, 1e-12, 1e-12));
+  EXPECT_FALSE(r.value().lse.requires_grad());
+}
+
+TEST_P(LinearCrossEntropyConformance, NonContiguousAndExpandedInputs) {
+  const Case c{"strided", Reduction::sum, -100, 0.1, 0.1, false, true, 0, 0, 10, 26, 3};
+  const Inputs in = make_inputs(c);
+  // hidden as a transpose, weight as a column slice, target as a stride-2
+  // view, and an expanded (stride-0) hidden.
+  const at::Tensor hidden_t = in.hidden.t().contiguous().t();
+  const at::Tensor weight_wide = at::cat({in.weight, in.weight}, 1);
+  const at::Tensor weight_view = weight_wide.narrow(1, 0, kDim);
+  const at::Tensor target_wide = at::stack({in.target, in.target}, 1);
+  const at::Tensor target_view = target_wide.select(1, 0);
+  const at::Tensor hidden_expanded = in.hidden[0].expand({c.tokens, kDim});
+  ASSERT_FALSE(hidden_t.is_contiguous() || weight_view.is_contiguous() ||
+               target_view.is_contiguous());
+  const LinearCrossEntropyOptions o = [&] {
+    LinearCrossEntropyOptions x = options_for(c, in, at::kDouble);
+    x.bias = in.bias;
+    return x;
+  }();
+  for (const at::Tensor& h : {hidden_t, hidden_expanded}) {
+    const at::Tensor leaf = h.detach().requires_grad_(true);
+    auto r = linear_cross_entropy(leaf, weight_view, target_view, o);
+    ASSERT_TRUE(r) << r.error().to_string();
+    const at::Tensor h64 = h.detach().contiguous().requires_grad_(true);
+    const auto ref =
+        reference::linear_cross_entropy(h64, in.weight, in.target, reference_case(c, in));
+    EXPECT_TRUE(at::allclose(r.value().loss, ref.loss, 1e-12, 1e-12));
+    const at::Tensor g = torch::autograd::grad({r.value().loss}, {leaf})[0];
+    const at::Tensor g64 = torch::autograd::grad({ref.loss}, {h64})[0];
+    EXPECT_TRUE(at::allclose(g, g64, 1e-10, 1e-12));
+  }
+}
+
+TEST_P(LinearCrossEntropyConformance, AllIgnoredMeanIsNanWithZeroGradients) {
+  const Case c{"all_ignored", Reduction::mean, -100, 1.0, 0.1, true, false, 0, 1e-2, 8, 20, 3};
+  const Inputs in = make_inputs(c);
+  ASSERT_TRUE(in.target.eq(-100).all().item<bool>());
+  const at::Tensor h = in.hidden.to(at::kFloat).requires_grad_(true);
+  const at::Tensor w = in.weight.to(at::kFloat).requires_grad_(true);
+  auto r = linear_cross_entropy(h, w, in.target, options_for(c, in, at::kFloat));
+  ASSERT_TRUE(r) << r.error().to_string();
+  EXPECT_TRUE(std::isnan(r.value().loss.item<float>()));
+  const variable_list g = torch::autograd::grad({r.value().loss}, {h, w});
+  EXPECT_TRUE(g[0].eq(0).all().item<bool>());
+  EXPECT_TRUE(g[1].eq(0).all().item<bool>());
+}
+
+TEST_P(LinearCrossEntropyConformance, FrozenWeightGetsNoGradient) {
+  const Case c{"frozen", Reduction::mean, -100, 0.2, 0.0, false, true, 0, 0, 12, 30, 4};
+  const Inputs in = make_inputs(c);
+  const at::Tensor h = in.hidden.clone().requires_grad_(true);
+  const at::Tensor w = in.weight.clone();  // frozen
+  LinearCrossEntropyOptions o = options_for(c, in, at::kDouble);
+  o.bias = in.bias.clone();  // frozen too
+  auto r = linear_cross_entropy(h, w, in.target, o);
+  ASSERT_TRUE(r) << r.error().to_string();
+  r.value().loss.backward();
+  EXPECT_FALSE(w.grad().defined());
+  EXPECT_FALSE(o.bias.grad().defined());
+  const at::Tensor h64 = in.hidden.clone().requires_grad_(true);
+  const auto ref = reference::linear_cross_entropy(h64, w, in.target, reference_case(c, in));
+  ref.loss.backward();
+  EXPECT_TRUE(at::allclose(h.grad(), h64.grad(), 1e-10, 1e-12));
+}
+
+TEST_P(LinearCrossEntropyConformance, NoGradModeBuildsNoGraph) {
+  const Case c{"no_grad", Reduction::mean, -100, 0.0, 0.0, false, false, 0, 0, 8, 20, 3};
+  const Inputs in = make_inputs(c);
+  const at::Tensor h = in.hidden.clone().requires_grad_(true);
+  const at::Tensor w = in.weight.clone().requires_grad_(true);
+  at::NoGradGuard no_grad;
+  auto r = linear_cross_entropy(h, w, in.target, options_for(c, in, at::kDouble));
+  ASSERT_TRUE(r) << r.error().to_string();
+  EXPECT_FALSE(r.value().loss.requires_grad());
+  EXPECT_FALSE(r.value().loss.grad_fn());
+  const auto ref = reference::linear_cross_entropy(h, w, in.target, reference_case(c, in));
+  EXPECT_TRUE(at::allclose(r.value().loss, ref.loss, 1e-12, 1e-12));
+}
+
+TEST_P(LinearCrossEntropyConformance, ChunkSizeDoesNotChangeTheResultAndRunsAreBitwiseEqual) {
+  const Case base{"chunks", Reduction::mean, -100, 0.2, 0.1, true, true, 2.0, 1e-2, 29, 43, 0};
+  const Inputs in = make_inputs(base);
+  struct Run {
+    at::Tensor loss, grad_hidden, grad_weight, grad_bias;
+  };
+  const auto run = [&](at::ScalarType dtype, std::int64_t chunk) {
+    const at::Tensor h = in.hidden.to(dtype).requires_grad_(true);
+    const at::Tensor w = in.weight.to(dtype).requires_grad_(true);
+    LinearCrossEntropyOptions o = options_for(base, in, dtype);
+    o.bias.requires_grad_(true);
+    o.chunk_size = chunk;
+    auto r = linear_cross_entropy(h, w, in.target, o);
+    EXPECT_TRUE(r) << r.error().to_string();
+    const variable_list g = torch::autograd::grad({r.value().loss}, {h, w, o.bias});
+    return Run{r.value().loss.detach(), g[0], g[1], g[2]};
+  };
+  const Run want = run(at::kDouble, 0);
+  for (std::int64_t chunk : {1, 2, 3, 7, 13, 29, 100}) {
+    SCOPED_TRACE(chunk);
+    const Run got = run(at::kDouble, chunk);
+    EXPECT_TRUE(at::allclose(got.loss, want.loss, 1e-13, 1e-13));
+    EXPECT_TRUE(at::allclose(got.grad_hidden, want.grad_hidden, 1e-12, 1e-14));
+    EXPECT_TRUE(at::allclose(got.grad_weight, want.grad_weight, 1e-12, 1e-14));
+    EXPECT_TRUE(at::allclose(got.grad_bias, want.grad_bias, 1e-12, 1e-14));
+  }
+  for (std::int64_t chunk : {1, 7, 0}) {
+    SCOPED_TRACE(chunk);
+    const Run a = run(at::kFloat, chunk);
+    const Run b = run(at::kFloat, chunk);
+    EXPECT_TRUE(at::equal(a.loss, b.loss));
+    EXPECT_TRUE(at::equal(a.grad_hidden, b.grad_hidden));
+    EXPECT_TRUE(at::equal(a.grad_weight, b.grad_weight));
+    EXPECT_TRUE(at::equal(a.grad_bias, b.grad_bias));
+  }
+}
+
+TEST_P(LinearCrossEntropyConformance, GradientMatchesFiniteDifferencesInFloat64) {
+  const Case c{"fd", Reduction::mean, -100, 0.2, 0.1, true, true, 1.5, 1e-2, 5, 9, 2};
+  const Inputs in = make_inputs(c);
+  LinearCrossEntropyOptions o = options_for(c, in, at::kDouble);
+  o.class_weights = in.class_weights;
+  const auto loss_at = [&](const at::Tensor& h, const at::Tensor& w) {
+    return linear_cross_entropy(h, w, in.target, o).value().loss;
+  };
+  const at::Tensor h = in.hidden.clone().requires_grad_(true);
+  const at::Tensor w = in.weight.clone().requires_grad_(true);
+  const variable_list g = torch::autograd::grad({loss_at(h, w)}, {h, w});
+  constexpr double eps = 1e-6;
+  for (const auto& [row, col] : {std::pair{0, 0}, std::pair{2, 5}, std::pair{4, 23}}) {
+    at::Tensor hp = in.hidden.clone();
+    at::Tensor hm = in.hidden.clone();
+    hp[row][col] += eps;
+    hm[row][col] -= eps;
+    const double fd = (loss_at(hp, in.weight) - loss_at(hm, in.weight)).item<double>() / (2 * eps);
+    EXPECT_NEAR(g[0][row][col].item<double>(), fd, 1e-7);
+    at::Tensor wp = in.weight.clone();
+    at::Tensor wm = in.weight.clone();
+    wp[row][col] += eps;
+    wm[row][col] -= eps;
+    const double fdw = (loss_at(in.hidden, wp) - loss_at(in.hidden, wm)).item<double>() / (2 * eps);
+    EXPECT_NEAR(g[1][row][col].item<double>(), fdw, 1e-7);
+  }
+}
+
+TEST_P(LinearCrossEntropyConformance, SecondOrderGradientIsAClearError) {
+  const Case c{"double_backward", Reduction::sum, -100, 0.0, 0.0, false, false, 0, 0, 6, 10, 2};
+  const Inputs in = make_inputs(c);
+  const at::Tensor h = in.hidden.clone().requires_grad_(true);
+  const at::Tensor w = in.weight.clone().requires_grad_(true);
+  auto r = linear_cross_entropy(h, w, in.target, options_for(c, in, at::kDouble));
+  ASSERT_TRUE(r) << r.error().to_string();
+  try {
+    torch::autograd::grad({r.value().loss}, {h}, {}, /*retain_graph=*/true,
+                          /*create_graph=*/true);
+    ADD_FAILURE() << "create_graph=true did not fail";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("second-order"), std::string::npos) << e.what();
+  }
+}
+
+TEST_P(LinearCrossEntropyConformance, BackwardTwiceThroughOneReducedLossIsAClearError) {
+  const Case c{"twice", Reduction::mean, -100, 0.0, 0.0, false, false, 0, 0, 6, 10, 2};
+  const Inputs in = make_inputs(c);
+  const at::Tensor h = in.hidden.clone().requires_grad_(true);
+  auto r = linear_cross_entropy(h, in.weight, in.target, options_for(c, in, at::kDouble));
+  ASSERT_TRUE(r) << r.error().to_string();
+  r.value().loss.backward({}, /*retain_graph=*/true);
+  try {
+    r.value().loss.backward();
+    ADD_FAILURE() << "a second backward did not fail";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("backward ran twice"), std::string::npos) << e.what();
+  }
+}
+
+TEST_P(LinearCrossEntropyConformance, TokensTimesVocabAbove2To31UsesWideIndexing) {
+  // N * V = 65600 * 32769 > 2^31. With hidden = 0 every token's logits are
+  // the bias, so the per-token loss is lse(bias) - bias[y], cheap to check
+  // for every token without the [N, V] reference.
+  constexpr std::int64_t kTokens = 65600;
+  constexpr std::int64_t kVocab = 32769;
+  static_assert(kTokens * kVocab > (std::int64_t{1} << 31));
+  at::NoGradGuard no_grad;
+  const at::Tensor h = at::zeros({kTokens, 1});
+  const at::Tensor w = at::randn({kVocab, 1});
+  const at::Tensor y = at::randint(0, kVocab, {kTokens}, at::kLong);
+  LinearCrossEntropyOptions o;
+  o.bias = at::randn({kVocab});
+  o.reduction = Reduction::none;
+  o.dispatch.backend = GetParam();
+  auto r = linear_cross_entropy(h, w, y, o);
+  ASSERT_TRUE(r) << r.error().to_string();
+  const at::Tensor b = o.bias.to(at::kDouble);
+  const at::Tensor want = at::logsumexp(b, 0) - b.index_select(0, y);
+  EXPECT_TRUE(at::allclose(r.value().loss.to(at::kDouble), want, 1e-5, 1e-5));
+}
+
+TEST_P(LinearCrossEntropyConformance, ReductionNoneRecomputesSoItCanBackpropagateTwice) {
+  const Case c{"none_twice", Reduction::none, -100, 0.2, 0.1, false, false, 0, 0, 9, 14, 4};
+  const Inputs in = make_inputs(c);
+  const at::Tensor h = in.hidden.clone().requires_grad_(true);
+  auto r = linear_cross_entropy(h, in.weight, in.target, options_for(c, in, at::kDouble));
+  ASSERT_TRUE(r) << r.error().to_string();
+  const at::Tensor upstream = at::randn({c.tokens}, at::kDouble);
+  const at::Tensor first = torch::autograd::grad({r.value().loss}, {h}, {upstream}, true)[0];
+  const at::Tensor second = torch::autograd::grad({r.value().loss}, {h}, {upstream})[0];
+  EXPECT_TRUE(at::equal(first, second));
+}
+
+TEST_P(LinearCrossEntropyConformance, BadInputIsInvalidArgumentNamingTheArgument) {
+  const at::Tensor h = at::randn({4, 8});
+  const at::Tensor w = at::randn({10, 8});
+  const at::Tensor y = at::randint(0, 10, {4}, at::kLong);
+  struct BadCase {
+    const char* what;
+    at::Tensor hidden, weight, target;
+    LinearCrossEntropyOptions options;
+    const char* names;
+  };
+  const auto with = [](auto&& set) {
+    LinearCrossEntropyOptions o;
+    set(o);
+    return o;
+  };
+  const at::Tensor y_out = y.clone().index_fill_(0, at::zeros({1}, at::kLong), 10);
+  const at::Tensor y_neg = y.clone().index_fill_(0, at::zeros({1}, at::kLong), -1);
+  const std::vector<BadCase> cases = {
+      {"undefined hidden", at::Tensor(), w, y, {}, "hidden is an undefined"},
+      {"undefined weight", h, at::Tensor(), y, {}, "weight is an undefined"},
+      {"undefined target", h, w, at::Tensor(), {}, "target is an undefined"},
+      {"int hidden", h.to(at::kInt), w, y, {}, "hidden has dtype"},
+      {"dtype mismatch", h, w.to(at::kDouble), y, {}, "weight has dtype"},
+      {"float target", h, w, y.to(at::kFloat), {}, "target has dtype"},
+      {"int32 target", h, w, y.to(at::kInt), {}, "target has dtype"},
+      {"D mismatch", h, at::randn({10, 9}), y, {}, "weight has 9 columns but hidden has 8"},
+      {"1-d hidden", at::randn({8}), w, y, {}, "hidden has shape"},
+      {"3-d weight", h, at::randn({10, 8, 1}), y, {}, "weight has shape"},
+      {"target shape", h, w, y.narrow(0, 0, 3), {}, "target has shape [3]"},
+      {"target above V", h, w, y_out, {}, "target holds 10, outside [0, 10)"},
+      {"target negative", h, w, y_neg, {}, "target holds -1"},
+      {"smoothing > 1", h, w, y, with([](auto& o) { o.label_smoothing = 1.5; }),
+       "options.label_smoothing"},
+      {"smoothing NaN", h, w, y,
+       with([](auto& o) { o.label_smoothing = std::numeric_limits<double>::quiet_NaN(); }),
+       "options.label_smoothing"},
+      {"negative chunk", h, w, y, with([](auto& o) { o.chunk_size = -1; }), "options.chunk_size"},
+      {"class weights length", h, w, y, with([](auto& o) { o.class_weights = at::ones({9}); }),
+       "options.class_weights has shape [9]"},
+      {"class weights dtype", h, w, y,
+       with([](auto& o) { o.class_weights = at::ones({10}, at::kLong); }),
+       "options.class_weights has dtype"},
+      {"bias shape", h, w, y, with([](auto& o) {
+         o.bias = at::zeros({10, 1});
+       }),
+       "options.bias has shape"},
+      {"bias dtype", h, w, y, with([](auto& o) { o.bias = at::zeros({10}, at::kDouble); }),
+       "options.bias has dtype"},
+      {"negative z-loss", h, w, y, with([](auto& o) { o.z_loss = -1; }), "options.z_loss"},
+      {"negative softcap", h, w, y, with([](auto& o) { o.logit_softcap = -2; }),
+       "options.logit_softcap"},
+  };
+  for (const BadCase& c : cases) {
+    SCOPED_TRACE(c.what);
+    LinearCrossEntropyOptions o = c.options;
+    o.dispatch.backend = GetParam();
+    auto r = linear_cross_entropy(c.hidden, c.weight, c.target, o);
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error().code(), Errc::invalid_argument);
+    EXPECT_NE(r.error().message().find(c.names), std::string::npos) << r.error().message();
+    EXPECT_EQ(r.error().message().rfind("linear_cross_entropy: ", 0), 0u) << r.error().message();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryAdapter, LinearCrossEntropyConformance,
+                         ::testing::ValuesIn(testing::adapters_in_build()), testing::adapter_name);
+
+// Dispatch: native declines with the reason, auto records it and runs
+// compat, and an explicit native request is unsupported (never a silent
+// fallback).
+TEST(LinearCrossEntropyDispatch, NativeDeclinesWithTheReasonAndAutoRunsCompat) {
+  const at::Tensor h = at::randn({4, 8});
+  const at::Tensor w = at::randn({10, 8});
+  const at::Tensor y = at::randint(0, 10, {4}, at::kLong);
+  LinearCrossEntropyOptions o;
+  o.dispatch.backend = Backend::automatic;
+  auto automatic = linear_cross_entropy(h, w, y, o);
+  ASSERT_TRUE(automatic) << automatic.error().to_string();
+  EXPECT_EQ(automatic.value().dispatch.adapter, "compat");
+  o.dispatch.backend = Backend::native;
+  auto native = linear_cross_entropy(h, w, y, o);
+  ASSERT_FALSE(native);
+  EXPECT_EQ(native.error().code(), Errc::unsupported);
+  if (KEEL_TEST_EXPECT_NATIVE) {
+    EXPECT_NE(automatic.value().dispatch.reason.find(kNativeReason), std::string::npos)
+        << automatic.value().dispatch.reason;
+    EXPECT_NE(native.error().message().find(kNativeReason), std::string::npos)
+        << native.error().message();
+  } else {
+    EXPECT_NE(native.error().message().find("no native adapter"), std::string::npos)
+        << native.error().message();
+  }
+}
+
+}  // namespace
+}  // namespace keel
