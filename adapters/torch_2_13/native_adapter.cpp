@@ -5,8 +5,10 @@
 #include <ATen/ATen.h>
 #include <torch/headeronly/version.h>
 
+#include "attention.h"
 #include "dispatch/logsumexp.h"
 #include "masked_logsumexp.h"
+#include "torch_2_9/compat_adapter.h"
 
 // torch/headeronly/version.h is new in 2.13 (the macros moved there); CMake
 // compiles this adapter only for >= 2.13, and this says so where it matters.
@@ -58,10 +60,18 @@ class NativeAdapter final : public internal::Adapter {
     lse.features = {"keepdim", "zero gradient on empty rows"};
     lse.implementation = "at::logsumexp in float32";
     info.capabilities.push_back(std::move(lse));
+    CapabilityInfo attention = attention_capability();
+    attention.implementation =
+        "the compat route (2.13 adds no C++ attention path: no FlexAttention or varlen ATen op): " +
+        attention.implementation;
+    info.capabilities.push_back(std::move(attention));
     return info;
   }
 
   const internal::LogsumexpKernel* logsumexp() const noexcept override { return &logsumexp_; }
+  const internal::AttentionKernel* attention() const noexcept override {
+    return &native_attention_kernel();
+  }
 
  private:
   NativeLogsumexp logsumexp_;

@@ -12,6 +12,7 @@
 
 namespace keel::internal {
 
+class AttentionKernel;
 class LogsumexpKernel;
 
 // A kernel's answer to "can you serve this call?", with the reason when not.
@@ -32,6 +33,7 @@ class Adapter {
   virtual AdapterInfo info() const = 0;
 
   virtual const LogsumexpKernel* logsumexp() const noexcept { return nullptr; }
+  virtual const AttentionKernel* attention() const noexcept { return nullptr; }
 };
 
 }  // namespace keel::internal
