@@ -56,6 +56,15 @@ RowSoftmax row_softmax(const at::Tensor& s) {
   return {e, safe, lse};
 }
 
+// 0, as a function of every differentiable input (so that backward reaches
+// each of them with a zero gradient when no key is visible at all).
+at::Tensor zero_tied_to_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const AttentionSpec& spec) {
+  at::Tensor sum = q.sum() + k.sum() + v.sum();
+  if (spec.bias.defined()) sum = sum + spec.bias.sum().to(sum.scalar_type());
+  return sum * 0;
+}
+
 }  // namespace
 
 at::Tensor add_score_modifiers(const at::Tensor& scores, const AttentionSpec& spec, std::int64_t q0,
@@ -95,7 +104,7 @@ BlockSparseResult block_sparse_attention(const at::Tensor& q, const at::Tensor& 
   if (q_len == 0 || kv_len == 0) {
     // No keys: every row is fully masked. Multiplying by q keeps the output
     // on the graph, so that backward gives zero gradients, not an error.
-    const at::Tensor zero = (q.to(acc).sum() * 0).view({1, 1, 1, 1});
+    const at::Tensor zero = zero_tied_to_inputs(q.to(acc), k.to(acc), v.to(acc), spec);
     result.out =
         (at::zeros({batch, q_heads, q_len, value_dim}, acc_options) + zero).to(q.scalar_type());
     result.lse = at::full({batch, q_heads, q_len}, kMinusInf, acc_options);
@@ -141,6 +150,9 @@ BlockSparseResult block_sparse_attention(const at::Tensor& q, const at::Tensor& 
   outs.reserve(static_cast<std::size_t>(q_blocks));
   lses.reserve(static_cast<std::size_t>(q_blocks));
   std::int64_t multiplied = 0;
+  // Skipped query blocks are 0, tied to the inputs by a zero multiple, so
+  // that backward reaches q, k and v even when every block is skipped.
+  at::Tensor anchor;
   const at::TensorOptions index = q.options().dtype(at::kLong);
   for (std::int64_t qb = 0; qb < q_blocks; ++qb) {
     const std::int64_t q0 = qb * bq;
@@ -153,7 +165,8 @@ BlockSparseResult block_sparse_attention(const at::Tensor& q, const at::Tensor& 
       needs_mask = needs_mask || !full_a[qb][kb];
     }
     if (blocks.empty()) {
-      outs.push_back(at::zeros({batch, q_heads, rows, value_dim}, acc_options));
+      if (!anchor.defined()) anchor = zero_tied_to_inputs(qf, kf, vf, spec);
+      outs.push_back(at::zeros({batch, q_heads, rows, value_dim}, acc_options) + anchor);
       lses.push_back(at::full({batch, q_heads, rows, 1}, kMinusInf, acc_options));
       continue;
     }
