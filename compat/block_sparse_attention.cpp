@@ -128,16 +128,20 @@ BlockSparseResult block_sparse_attention(const at::Tensor& q, const at::Tensor& 
   at::Tensor visible;  // bool [Qb, KVb] on the CPU
   at::Tensor full;
   if (mask.defined()) {
-    const at::Tensor padded = at::constant_pad_nd(
-        mask.to(at::kInt), {0, kv_blocks * bk - kv_len, 0, q_blocks * bq - q_len});
-    const at::Tensor counts =
-        padded.view({mask.size(0), mask.size(1), q_blocks, bq, kv_blocks, bk}).sum({3, 5});
-    at::Tensor rows = at::full({q_blocks, 1}, bq, counts.options().dtype(at::kLong));
-    rows[q_blocks - 1] = q_len - (q_blocks - 1) * bq;
-    at::Tensor cols = at::full({1, kv_blocks}, bk, rows.options());
-    cols[0][kv_blocks - 1] = kv_len - (kv_blocks - 1) * bk;
-    visible = (counts > 0).flatten(0, 1).any(0).cpu();
-    full = (counts == (rows * cols).to(counts.scalar_type())).flatten(0, 1).all(0).cpu();
+    // Bool reductions over the tile dims, innermost first (that one is
+    // contiguous and shrinks the data 128-fold): far cheaper than counting.
+    // Padding rows and keys are false for "any" and true for "all".
+    const std::int64_t pad_q = q_blocks * bq - q_len;
+    const std::int64_t pad_k = kv_blocks * bk - kv_len;
+    const auto tiles = [&](bool pad_value) {
+      const at::Tensor m =
+          pad_q == 0 && pad_k == 0
+              ? mask
+              : at::constant_pad_nd(mask, {0, pad_k, 0, pad_q}, pad_value ? 1.0 : 0.0);
+      return m.contiguous().view({mask.size(0), mask.size(1), q_blocks, bq, kv_blocks, bk});
+    };
+    visible = tiles(false).any(5).any(3).flatten(0, 1).any(0).cpu();
+    full = tiles(true).all(5).all(3).flatten(0, 1).all(0).cpu();
   } else {
     visible = at::ones({q_blocks, kv_blocks}, at::kBool);
     full = visible;
