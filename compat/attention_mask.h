@@ -31,4 +31,22 @@ at::Tensor materialize_term(const Mask& mask, const MaskGeometry& g, const at::D
 at::Tensor materialize_mask(const AttentionSpec& spec, const MaskGeometry& g,
                             const at::Device& device);
 
+// The same mask over queries [q0, q0 + rows) and the keys at the int64
+// positions `keys` (on the device): bool [B or 1, Hq or 1, rows, keys.numel()].
+at::Tensor materialize_tile(const AttentionSpec& spec, const MaskGeometry& g, std::int64_t q0,
+                            std::int64_t rows, const at::Tensor& keys);
+
+// Which (query block, key block) pairs any (b, h) may see (`visible`, an
+// over-approximation: a block marked visible may still be empty) and which
+// every (b, h) sees entirely (`full`, exact or an under-approximation).
+// Position masks (causal, windows, chunks) are classified from block corners
+// without materialising anything; data-driven terms are materialised and
+// reduced. Both are bool [Qb, KVb] on the CPU.
+struct BlockClasses {
+  at::Tensor visible;
+  at::Tensor full;
+};
+BlockClasses classify_blocks(const AttentionSpec& spec, const MaskGeometry& g,
+                             const at::Device& device, std::int64_t q_block, std::int64_t kv_block);
+
 }  // namespace keel::compat

@@ -112,40 +112,22 @@ BlockSparseResult block_sparse_attention(const at::Tensor& q, const at::Tensor& 
     return result;
   }
 
-  const at::Tensor qf = q.to(acc);
+  // The scale is folded into q: [Lq, E] multiplications instead of [Lq, Lk].
+  const at::Tensor qf = q.to(acc) * scale;
   const at::Tensor kf = expand_heads(k.to(acc), q_heads);
   const at::Tensor vf = expand_heads(v.to(acc), q_heads);
 
   const MaskGeometry geometry{batch, q_heads, q_len, kv_len};
-  const at::Tensor mask = materialize_mask(spec, geometry, q.device());
   const auto [bq, bk] = block_sizes(spec);
   const std::int64_t q_blocks = (q_len + bq - 1) / bq;
   const std::int64_t kv_blocks = (kv_len + bk - 1) / bk;
 
-  // Classify (query block, key block) pairs, over every batch and head at
+  // Classify (query block, key block) pairs over every batch and head at
   // once: a key block is skipped when no (b, h) sees any of it, and needs no
   // masking when every (b, h) sees all of it.
-  at::Tensor visible;  // bool [Qb, KVb] on the CPU
-  at::Tensor full;
-  if (mask.defined()) {
-    // Bool reductions over the tile dims, innermost first (that one is
-    // contiguous and shrinks the data 128-fold): far cheaper than counting.
-    // Padding rows and keys are false for "any" and true for "all".
-    const std::int64_t pad_q = q_blocks * bq - q_len;
-    const std::int64_t pad_k = kv_blocks * bk - kv_len;
-    const auto tiles = [&](bool pad_value) {
-      const at::Tensor m =
-          pad_q == 0 && pad_k == 0
-              ? mask
-              : at::constant_pad_nd(mask, {0, pad_k, 0, pad_q}, pad_value ? 1.0 : 0.0);
-      return m.contiguous().view({mask.size(0), mask.size(1), q_blocks, bq, kv_blocks, bk});
-    };
-    visible = tiles(false).any(5).any(3).flatten(0, 1).any(0).cpu();
-    full = tiles(true).all(5).all(3).flatten(0, 1).all(0).cpu();
-  } else {
-    visible = at::ones({q_blocks, kv_blocks}, at::kBool);
-    full = visible;
-  }
+  const BlockClasses classes = classify_blocks(spec, geometry, q.device(), bq, bk);
+  const at::Tensor& visible = classes.visible;
+  const at::Tensor& full = classes.full;
   const auto visible_a = visible.accessor<bool, 2>();
   const auto full_a = full.accessor<bool, 2>();
 
@@ -195,13 +177,11 @@ BlockSparseResult block_sparse_attention(const at::Tensor& q, const at::Tensor& 
     const at::Tensor vt = contiguous ? vf.narrow(2, k0, k1 - k0) : vf.index_select(2, keys);
     const at::Tensor qt = qf.narrow(2, q0, rows);
 
-    at::Tensor s = at::matmul(qt, kt.transpose(-2, -1)) * scale;
+    at::Tensor s = at::matmul(qt, kt.transpose(-2, -1));
     if (spec.softcap > 0) s = (s / spec.softcap).tanh() * spec.softcap;
     s = add_score_modifiers(s, spec, q0, rows, keys, q_len, kv_len);
     if (needs_mask) {
-      at::Tensor m = mask.narrow(2, q0, rows);
-      m = contiguous ? m.narrow(3, k0, k1 - k0) : m.index_select(3, keys);
-      s = s.masked_fill(m.logical_not(), kMinusInf);
+      s = s.masked_fill(materialize_tile(spec, geometry, q0, rows, keys).logical_not(), kMinusInf);
     }
     const RowSoftmax p = row_softmax(s);
     outs.push_back(at::matmul(p.weights_unnormalised, vt) / p.denominator);

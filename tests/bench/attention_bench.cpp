@@ -76,7 +76,8 @@ void run_sdpa(benchmark::State& state, const at::Tensor& mask, bool causal, std:
     x.k.requires_grad_(true);
     x.v.requires_grad_(true);
   }
-  const std::optional<at::Tensor> m = mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt;
+  const std::optional<at::Tensor> m =
+      mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt;
   for (auto _ : state) {
     at::Tensor out = at::scaled_dot_product_attention(x.q, x.k, x.v, m, 0.0, causal);
     if (backward) out.sum().backward();
@@ -111,7 +112,8 @@ void register_all() {
   });
   reg("overhead/sdpa_causal_L128",
       [](benchmark::State& s) { run_sdpa(s, {}, true, 8, 128, false); });
-  reg("window256/keel", [](benchmark::State& s) { run_keel(s, window_spec(256), kHeads, kLength, false); });
+  reg("window256/keel",
+      [](benchmark::State& s) { run_keel(s, window_spec(256), kHeads, kLength, false); });
   reg("window256/sdpa_dense_mask", [](benchmark::State& s) {
     run_sdpa(s, dense_window_mask(256), false, kHeads, kLength, false);
   });
@@ -172,8 +174,7 @@ int main(int argc, char** argv) {
         "window256_fwd_bwd/sdpa_dense_mask");
   const std::string dense = "window256/sdpa_dense_mask";
   for (std::int64_t w : {128, 256, 512, 1024, 2048}) {
-    const std::string name =
-        w == 256 ? "window256/keel" : "sweep/keel_window" + std::to_string(w);
+    const std::string name = w == 256 ? "window256/keel" : "sweep/keel_window" + std::to_string(w);
     if (m.count(name) == 0 || m.count(dense) == 0) continue;
     const double density = window_density(w);
     std::printf("window %4lld: block density %.3f, keel / dense %.3f, efficiency %.2f\n",

@@ -107,7 +107,8 @@ std::vector<MaskCase> mask_cases() {
        [](const Shape& s) {
          return with_masks({Mask::key_padding(s.Lk - at::arange(s.B, at::kLong) * 50)});
        }},
-      {"block_mask", [](const Shape& s) {
+      {"block_mask",
+       [](const Shape& s) {
          return with_masks({Mask::block_mask(random_block_mask(s, 64, false))});
        }},
       {"block_mask_with_full_blocks",
@@ -126,9 +127,9 @@ std::vector<MaskCase> mask_cases() {
        }},
       {"window_or_prefix",
        [](const Shape& s) {
-         return with_masks({Mask::sliding_window(10, 0),
-                            Mask::prefix_lm(at::full({s.B}, 16, at::kLong))},
-                           MaskCombine::any_of);
+         return with_masks(
+             {Mask::sliding_window(10, 0), Mask::prefix_lm(at::full({s.B}, 16, at::kLong))},
+             MaskCombine::any_of);
        }},
       {"window_and_padding_and_block", [](const Shape& s) {
          return with_masks({Mask::sliding_window(64, 64),
@@ -216,7 +217,8 @@ TEST_P(AttentionConformance, MaskIsExactlyTheMaterialisedMask) {
   s.Ev = s.Lk;
   for (const MaskCase& c : mask_cases()) {
     SCOPED_TRACE(c.name);
-    Qkv x{at::zeros({s.B, s.Hq, s.Lq, s.E}, at::kDouble), at::randn({s.B, s.Hkv, s.Lk, s.E}, at::kDouble),
+    Qkv x{at::zeros({s.B, s.Hq, s.Lq, s.E}, at::kDouble),
+          at::randn({s.B, s.Hkv, s.Lk, s.E}, at::kDouble),
           at::eye(s.Lk, at::kDouble).expand({s.B, s.Hkv, s.Lk, s.Lk}).contiguous()};
     const AttentionSpec spec = c.spec(s);
     const AttentionOutput got = run(x, spec);
@@ -226,8 +228,8 @@ TEST_P(AttentionConformance, MaskIsExactlyTheMaterialisedMask) {
 }
 
 TEST_P(AttentionConformance, QueryAndKeyLengthsDifferWithBothAlignments) {
-  for (const auto& [lq, lk] : {std::pair<std::int64_t, std::int64_t>{1, 300}, {77, 300},
-                                {300, 77}, {130, 129}}) {
+  for (const auto& [lq, lk] :
+       {std::pair<std::int64_t, std::int64_t>{1, 300}, {77, 300}, {300, 77}, {130, 129}}) {
     Shape s;
     s.Lq = lq;
     s.Lk = lk;
@@ -279,7 +281,10 @@ TEST_P(AttentionConformance, EveryScoreModifierMatchesReference) {
          p.alibi_slopes = at::rand({s.Hq}) * 0.2;
          p.alibi_alignment = CausalAlignment::bottom_right;
        }},
-      {"bias", [&](AttentionSpec& p) { p.bias = at::randn({s.B, s.Hq, s.Lq, s.Lk}); }},
+      {"bias",
+       [&](AttentionSpec& p) {
+         p.bias = at::randn({s.B, s.Hq, s.Lq, s.Lk});
+       }},
       {"broadcast_bias", [&](AttentionSpec& p) { p.bias = at::randn({s.Lk}); }},
       {"additive_mask_bias",
        [&](AttentionSpec& p) {
@@ -292,7 +297,8 @@ TEST_P(AttentionConformance, EveryScoreModifierMatchesReference) {
          p.bias = at::randn({1, s.Hq, 1, s.Lk});
        }}};
   for (const auto& [name, apply] : modifiers) {
-    for (const MaskCase& m : {mask_cases()[0], mask_cases()[1], mask_cases()[3], mask_cases()[12]}) {
+    for (const MaskCase& m :
+         {mask_cases()[0], mask_cases()[1], mask_cases()[3], mask_cases()[12]}) {
       for (bool lse : {false, true}) {
         SCOPED_TRACE(std::string(name) + " " + m.name + (lse ? " lse" : ""));
         const Qkv x = make_qkv(s);
@@ -334,9 +340,9 @@ TEST_P(AttentionConformance, FullyMaskedRowGivesZeroOutputAndMinusInfLse) {
       {"bool tensor", with_masks({Mask::from_tensor(keep)})},
       {"zero kv length", with_masks({Mask::key_padding(at::tensor({0, 60}, at::kLong))})},
       {"window before every key",
-       with_masks({Mask::sliding_window(0, 0, CausalAlignment::bottom_right),
-                   Mask::causal()})},
-      {"causal with Lq > Lk, bottom-right", with_masks({Mask::causal(CausalAlignment::bottom_right)})},
+       with_masks({Mask::sliding_window(0, 0, CausalAlignment::bottom_right), Mask::causal()})},
+      {"causal with Lq > Lk, bottom-right",
+       with_masks({Mask::causal(CausalAlignment::bottom_right)})},
       {"-inf bias row", [&] {
          AttentionSpec p;
          p.bias = bias_mask;
@@ -355,7 +361,8 @@ TEST_P(AttentionConformance, FullyMaskedRowGivesZeroOutputAndMinusInfLse) {
       spec.return_lse = lse;
       const AttentionOutput got = run(x, spec);
       ASSERT_TRUE(got.out.defined());
-      const at::Tensor keep_all = reference::attention_mask(spec, shape.B, shape.Hq, shape.Lq, shape.Lk);
+      const at::Tensor keep_all =
+          reference::attention_mask(spec, shape.B, shape.Hq, shape.Lq, shape.Lk);
       at::Tensor empty = keep_all.logical_not().all(-1);
       if (spec.bias.defined()) empty = empty | spec.bias.isneginf().all(-1);
       ASSERT_TRUE(empty.any().item<bool>()) << "the case must hold a fully masked row";
@@ -365,7 +372,8 @@ TEST_P(AttentionConformance, FullyMaskedRowGivesZeroOutputAndMinusInfLse) {
         EXPECT_TRUE(got.lse.masked_select(empty).isneginf().all().item<bool>());
         EXPECT_FALSE(got.lse.isnan().any().item<bool>());
       }
-      const at::Tensor loss = got.out.sum() + (lse ? got.lse.masked_fill(empty, 0).sum() : at::zeros({}));
+      const at::Tensor loss =
+          got.out.sum() + (lse ? got.lse.masked_fill(empty, 0).sum() : at::zeros({}));
       const auto grads = torch::autograd::grad({loss}, {x.q, x.k, x.v});
       for (const at::Tensor& g : grads) EXPECT_FALSE(g.isnan().any().item<bool>());
       EXPECT_EQ(grads[0].masked_select(empty.unsqueeze(-1)).abs().max().item<double>(), 0.0);
@@ -446,8 +454,7 @@ TEST_P(AttentionConformance, FiniteDifferencesAgreeWithAutogradInDouble) {
       return (attention(in.q, in.k, in.v, p).value().out * up).sum();
     };
     std::vector<at::Tensor> inputs = {x.q.requires_grad_(true), x.k.requires_grad_(true),
-                                      x.v.requires_grad_(true),
-                                      spec.bias.requires_grad_(true)};
+                                      x.v.requires_grad_(true), spec.bias.requires_grad_(true)};
     std::vector<at::Tensor> g;
     try {
       g = torch::autograd::grad({loss(x, spec.bias)}, inputs);
@@ -525,19 +532,24 @@ TEST_P(AttentionConformance, BadInputIsInvalidArgumentNamingTheArgument) {
       {"int dtype", {good.q.to(at::kInt), good.k, good.v}, {}, "query has dtype"},
       {"dtype mismatch", {good.q, good.k.to(at::kDouble), good.v}, {}, "key has dtype"},
       {"batch mismatch", {good.q, good.k.narrow(0, 0, 1), good.v}, {}, "batch"},
-      {"heads do not divide", {good.q, at::randn({s.B, 3, s.Lk, s.E}), at::randn({s.B, 3, s.Lk, s.Ev})},
-       {}, "key has 3 heads, which does not divide the query's 4"},
+      {"heads do not divide",
+       {good.q, at::randn({s.B, 3, s.Lk, s.E}), at::randn({s.B, 3, s.Lk, s.Ev})},
+       {},
+       "key has 3 heads, which does not divide the query's 4"},
       {"value heads", {good.q, good.k, good.v.narrow(1, 0, 1)}, {}, "value has 1 heads"},
       {"head dim", {good.q, good.k.narrow(3, 0, 16), good.v}, {}, "key has head dim 16"},
       {"value length", {good.q, good.k, good.v.narrow(2, 0, 10)}, {}, "value has sequence length"},
-      {"nan scale", good, spec_with([](AttentionSpec& p) { p.scale = std::nan(""); }), "spec.scale"},
-      {"negative softcap", good, spec_with([](AttentionSpec& p) { p.softcap = -1; }), "spec.softcap"},
+      {"nan scale", good, spec_with([](AttentionSpec& p) { p.scale = std::nan(""); }),
+       "spec.scale"},
+      {"negative softcap", good, spec_with([](AttentionSpec& p) { p.softcap = -1; }),
+       "spec.softcap"},
       {"inf softcap", good, spec_with([](AttentionSpec& p) { p.softcap = kInf; }), "spec.softcap"},
       {"negative window", good, with_masks({Mask::sliding_window(-1, 0)}), "spec.masks[0]"},
       {"zero chunk", good, with_masks({Mask::causal(), Mask::chunked_causal(0)}),
        "spec.masks[1].chunk_size"},
       {"doc ids length", good,
-       with_masks({Mask::document(at::zeros({s.B, s.Lq - 1}, at::kLong), at::zeros({s.B, s.Lk}, at::kLong))}),
+       with_masks({Mask::document(at::zeros({s.B, s.Lq - 1}, at::kLong),
+                                  at::zeros({s.B, s.Lk}, at::kLong))}),
        "spec.masks[0].q_document_ids"},
       {"doc ids dtype", good,
        with_masks({Mask::document(at::zeros({s.B, s.Lq}), at::zeros({s.B, s.Lk}, at::kLong))}),
@@ -558,7 +570,9 @@ TEST_P(AttentionConformance, BadInputIsInvalidArgumentNamingTheArgument) {
       {"mask tensor shape", good,
        with_masks({Mask::from_tensor(at::ones({s.Lq, s.Lk + 1}, at::kBool))}),
        "spec.masks[0].tensor has shape"},
-      {"bias shape", good, spec_with([&](AttentionSpec& p) { p.bias = at::zeros({3, s.Lk}); }),
+      {"bias shape", good, spec_with([&](AttentionSpec& p) {
+         p.bias = at::zeros({3, s.Lk});
+       }),
        "spec.bias has shape"},
       {"bias dtype", good,
        spec_with([&](AttentionSpec& p) { p.bias = at::zeros({s.Lk}, at::kDouble); }),

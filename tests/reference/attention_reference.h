@@ -70,7 +70,9 @@ inline at::Tensor reference_term(const Mask& m, std::int64_t B, std::int64_t H, 
       t = j.lt(m.prefix_lengths.cpu().to(at::kLong).view({B, 1, 1, 1})) | j.le(p);
       break;
     case MaskKind::document:
-      t = m.q_document_ids.cpu().to(at::kLong).view({B, 1, Lq, 1})
+      t = m.q_document_ids.cpu()
+              .to(at::kLong)
+              .view({B, 1, Lq, 1})
               .eq(m.kv_document_ids.cpu().to(at::kLong).view({B, 1, 1, Lk}));
       break;
     case MaskKind::key_padding:
@@ -81,8 +83,8 @@ inline at::Tensor reference_term(const Mask& m, std::int64_t B, std::int64_t H, 
       const at::Tensor blocks = reference_blocks(m.block, B, H, kvb);
       const at::Tensor qi = at::arange(Lq, at::kLong).floor_divide(m.block.q_block_size);
       const at::Tensor ki = at::arange(Lk, at::kLong).floor_divide(m.block.kv_block_size);
-      t = blocks.index({at::indexing::Slice(), at::indexing::Slice(), qi.view({Lq, 1}),
-                        ki.view({1, Lk})});
+      t = blocks.index(
+          {at::indexing::Slice(), at::indexing::Slice(), qi.view({Lq, 1}), ki.view({1, Lk})});
       break;
     }
     case MaskKind::tensor:
@@ -122,8 +124,8 @@ inline std::pair<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at
   at::Tensor s = qd.matmul(kd.transpose(2, 3)) * scale;
   if (spec.softcap > 0) s = spec.softcap * (s / spec.softcap).tanh();
   if (spec.alibi_slopes.defined()) {
-    const at::Tensor i = at::arange(Lq, at::kLong).view({Lq, 1}) +
-                         position_offset(spec.alibi_alignment, Lq, Lk);
+    const at::Tensor i =
+        at::arange(Lq, at::kLong).view({Lq, 1}) + position_offset(spec.alibi_alignment, Lq, Lk);
     const at::Tensor j = at::arange(Lk, at::kLong).view({1, Lk});
     s = s + spec.alibi_slopes.to(dtype).view({H, 1, 1}) * (j - i).to(dtype);
   }
