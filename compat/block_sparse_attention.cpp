@@ -144,6 +144,7 @@ BlockSparseResult block_sparse_attention(const at::Tensor& q, const at::Tensor& 
     const std::int64_t q0 = qb * bq;
     const std::int64_t rows = std::min(bq, q_len - q0);
     std::vector<std::int64_t> blocks;
+    blocks.reserve(static_cast<std::size_t>(kv_blocks));
     bool needs_mask = false;
     for (std::int64_t kb = 0; kb < kv_blocks; ++kb) {
       if (!visible_a[qb][kb]) continue;

@@ -86,7 +86,7 @@ std::string shape_of(const at::Tensor& t) {
   return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]");
 }
 
-Error invalid(std::string message) {
+Error invalid(const std::string& message) {
   return {Errc::invalid_argument, absl::StrCat("attention: ", message)};
 }
 
@@ -172,8 +172,8 @@ result<void> check_block_mask(const std::string& at, const BlockMask& bm, const 
     if (!dev) return dev;
     const std::int64_t slots = indices.size(3);
     if (counts.numel() > 0) {
-      const std::int64_t lo = counts.min().item<std::int64_t>();
-      const std::int64_t hi = counts.max().item<std::int64_t>();
+      const auto lo = counts.min().item<std::int64_t>();
+      const auto hi = counts.max().item<std::int64_t>();
       if (lo < 0 || hi > slots || hi > kvb) {
         return invalid(absl::StrCat(cn, " holds counts in [", lo, ", ", hi, "]; expected [0, ",
                                     std::min(slots, kvb), "] (", in, " has ", slots,

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -462,7 +463,7 @@ TEST_P(AttentionConformance, FiniteDifferencesAgreeWithAutogradInDouble) {
       ADD_FAILURE() << e.what();
       continue;
     }
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     for (std::size_t n = 0; n < inputs.size(); ++n) {
       const at::Tensor flat = inputs[n].detach().clone().flatten();
       const at::Tensor grad = g[n].flatten();
