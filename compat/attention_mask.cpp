@@ -156,6 +156,39 @@ BlockClasses classify_blocks(const AttentionSpec& spec, const MaskGeometry& g,
         term.full = term.full & (lo == hi);
         break;
       }
+      case MaskKind::prefix_lm: {
+        // Causal, or a block wholly (partly) inside every (some) batch's prefix.
+        term = band(offset, unbounded, 0);
+        const at::Tensor prefix = m.prefix_lengths.to(at::kLong).cpu().view({-1, 1, 1});
+        term.visible = term.visible | (j0 < prefix).any(0);
+        term.full = term.full | (j1 < prefix).all(0);
+        break;
+      }
+      case MaskKind::key_padding: {
+        const at::Tensor lengths = m.kv_lengths.to(at::kLong).cpu().view({-1, 1, 1});
+        term.visible = (j0 < lengths).any(0).expand({q_blocks, kv_blocks});
+        term.full = (j1 < lengths).all(0).expand({q_blocks, kv_blocks});
+        break;
+      }
+      case MaskKind::document: {
+        // From each block's range of ids: blocks whose ranges do not overlap
+        // share no document; a block pair holding one id only is full.
+        const auto ranges = [](const at::Tensor& ids, std::int64_t block, std::int64_t blocks) {
+          const std::int64_t len = ids.size(1);
+          // Rows past the end repeat the last id, which leaves min and max as they are.
+          const at::Tensor idx = at::clamp_max(at::arange(blocks * block, at::kLong), len - 1);
+          const at::Tensor tiled =
+              ids.to(at::kLong).cpu().index_select(1, idx).view({ids.size(0), blocks, block});
+          return std::pair{tiled.amin(-1), tiled.amax(-1)};
+        };
+        const auto [qmin, qmax] = ranges(m.q_document_ids, q_block, q_blocks);
+        const auto [kmin, kmax] = ranges(m.kv_document_ids, kv_block, kv_blocks);
+        const at::Tensor q_lo = qmin.unsqueeze(2), q_hi = qmax.unsqueeze(2);
+        const at::Tensor k_lo = kmin.unsqueeze(1), k_hi = kmax.unsqueeze(1);
+        term.visible = ((q_lo <= k_hi) & (k_lo <= q_hi)).any(0);
+        term.full = ((q_lo == q_hi) & (k_lo == k_hi) & (q_lo == k_lo)).all(0);
+        break;
+      }
       default: {
         const at::Tensor t = materialize_term(m, g, device);
         const std::int64_t pad_q = q_blocks * q_block - g.q_len;
