@@ -5,9 +5,11 @@
 #include <ATen/ATen.h>
 #include <torch/headeronly/version.h>
 
+#include "attention.h"
 #include "dispatch/linear_cross_entropy.h"
 #include "dispatch/logsumexp.h"
 #include "masked_logsumexp.h"
+#include "torch_2_9/compat_adapter.h"
 
 // torch/headeronly/version.h is new in 2.13 (the macros moved there); CMake
 // compiles this adapter only for >= 2.13, and this says so where it matters.
@@ -84,12 +86,21 @@ class NativeAdapter final : public internal::Adapter {
     lce.operation = "linear_cross_entropy";
     lce.implementation = std::string("none: ") + kNoNativeLinearCrossEntropy;
     info.capabilities.push_back(std::move(lce));
+    CapabilityInfo attention = attention_capability();
+    attention.implementation =
+        "the compat route (2.13 adds no C++ attention path: no FlexAttention or varlen ATen op): " +
+        attention.implementation;
+    info.capabilities.push_back(std::move(attention));
     return info;
   }
 
   const internal::LogsumexpKernel* logsumexp() const noexcept override { return &logsumexp_; }
   const internal::LinearCrossEntropyKernel* linear_cross_entropy() const noexcept override {
     return &linear_cross_entropy_;
+  }
+
+  const internal::AttentionKernel* attention() const noexcept override {
+    return &native_attention_kernel();
   }
 
  private:

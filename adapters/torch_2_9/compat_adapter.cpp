@@ -1,5 +1,7 @@
 #include "compat_adapter.h"
 
+#include "attention.h"
+
 #include "dispatch/logsumexp.h"
 #include "masked_logsumexp.h"
 #include "torch_2_9/linear_cross_entropy.h"
@@ -34,6 +36,7 @@ class CompatAdapter final : public internal::Adapter {
     lse.implementation = "compat::masked_logsumexp: max-shifted exp/sum/log in float32";
     info.capabilities.push_back(std::move(lse));
     info.capabilities.push_back(CompatLinearCrossEntropy::info());
+    info.capabilities.push_back(attention_capability());
     return info;
   }
 
@@ -42,12 +45,44 @@ class CompatAdapter final : public internal::Adapter {
     return &linear_cross_entropy_;
   }
 
+  const internal::AttentionKernel* attention() const noexcept override {
+    return &compat_attention_kernel();
+  }
+
  private:
   CompatLogsumexp logsumexp_;
   CompatLinearCrossEntropy linear_cross_entropy_;
 };
 
 }  // namespace
+
+CapabilityInfo attention_capability() {
+  CapabilityInfo c;
+  c.operation = "attention";
+  c.dtypes = {"float16", "bfloat16", "float32", "float64"};
+  c.devices = {"cpu", "cuda"};
+  c.features = {"causal (top-left, bottom-right)",
+                "sliding window",
+                "chunked causal",
+                "prefix-LM",
+                "document ids",
+                "key padding",
+                "block mask",
+                "boolean mask",
+                "and/or composition",
+                "scale",
+                "softcap",
+                "ALiBi",
+                "bias",
+                "GQA/MQA",
+                "log-sum-exp",
+                "autograd"};
+  c.implementation =
+      "at::scaled_dot_product_attention for dense calls it computes exactly (no mask, causal, a "
+      "boolean mask without empty rows, a finite bias without gradient; no softcap or lse); "
+      "compat::block_sparse_attention (tiles of 128, fully masked key blocks skipped) otherwise";
+  return c;
+}
 
 std::unique_ptr<internal::Adapter> make_compat_adapter() {
   return std::make_unique<CompatAdapter>();

@@ -5,9 +5,13 @@
 #include <memory>
 
 #include "dispatch/adapter.h"
+#include "keel/v1/build_info.h"
 
 namespace keel::adapters {
 
 std::unique_ptr<internal::Adapter> make_compat_adapter();
+
+// What the compat attention route serves; the native adapter shares it.
+CapabilityInfo attention_capability();
 
 }  // namespace keel::adapters

@@ -16,6 +16,7 @@
 /// `keel::logsumexp`, and the stable v1 name is what you get.
 #pragma once
 
+#include "keel/v1/attention.h"
 #include "keel/v1/build_info.h"
 #include "keel/v1/dispatch.h"
 #include "keel/v1/error.h"

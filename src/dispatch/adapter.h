@@ -13,6 +13,7 @@
 namespace keel::internal {
 
 class LinearCrossEntropyKernel;
+class AttentionKernel;
 class LogsumexpKernel;
 
 // A kernel's answer to "can you serve this call?", with the reason when not.
@@ -34,6 +35,7 @@ class Adapter {
 
   virtual const LogsumexpKernel* logsumexp() const noexcept { return nullptr; }
   virtual const LinearCrossEntropyKernel* linear_cross_entropy() const noexcept { return nullptr; }
+  virtual const AttentionKernel* attention() const noexcept { return nullptr; }
 };
 
 }  // namespace keel::internal

@@ -29,11 +29,17 @@ class LossFamily final : public Family {
         {"sum", {{"reduction", "sum"}}},
         {"none", {{"reduction", "none"}}},
         {"mean_ignore_index", {{"reduction", "mean"}, {"ignore", true}}},
-        {"mean_smoothing_weights", {{"reduction", "mean"}, {"label_smoothing", 0.1}, {"class_weights", true}, {"ignore", true}}},
-        {"sum_z_loss_softcap_bias", {{"reduction", "sum"}, {"z_loss", 1e-4}, {"logit_softcap", 30.0}, {"bias", true}}},
+        {"mean_smoothing_weights",
+         {{"reduction", "mean"},
+          {"label_smoothing", 0.1},
+          {"class_weights", true},
+          {"ignore", true}}},
+        {"sum_z_loss_softcap_bias",
+         {{"reduction", "sum"}, {"z_loss", 1e-4}, {"logit_softcap", 30.0}, {"bias", true}}},
         {"small_chunks", {{"reduction", "mean"}, {"chunk_size", 37}}},
     };
-    for (const auto& [type, dtype] : {std::pair{at::kFloat, "float32"}, std::pair{at::kBFloat16, "bfloat16"}}) {
+    for (const auto& [type, dtype] :
+         {std::pair{at::kFloat, "float32"}, std::pair{at::kBFloat16, "bfloat16"}}) {
       for (const Spec& s : specs) {
         Case c;
         c.id = absl::StrCat("linear_cross_entropy/", dtype, "/", s.name);
@@ -45,7 +51,8 @@ class LossFamily final : public Family {
         at::Tensor target = at::randint(0, v, {n}, at::kLong);
         if (s.options.value("ignore", false)) target.masked_fill_(at::rand({n}) < 0.2, -100);
         c.inputs["target"] = target;
-        if (s.options.value("class_weights", false)) c.inputs["class_weights"] = at::rand({v}) + 0.5;
+        if (s.options.value("class_weights", false))
+          c.inputs["class_weights"] = at::rand({v}) + 0.5;
         if (s.options.value("bias", false)) c.inputs["bias"] = (at::randn({v}) * 0.1).to(type);
         if (s.options.value("reduction", "mean") == "none") c.inputs["upstream"] = at::randn({n});
         cases.push_back(std::move(c));
@@ -57,7 +64,9 @@ class LossFamily final : public Family {
   result<Run> run(const Case& c, Backend backend) const override {
     LinearCrossEntropyOptions o;
     const std::string reduction = c.options.value("reduction", "mean");
-    o.reduction = reduction == "sum" ? Reduction::sum : reduction == "none" ? Reduction::none : Reduction::mean;
+    o.reduction = reduction == "sum"    ? Reduction::sum
+                  : reduction == "none" ? Reduction::none
+                                        : Reduction::mean;
     o.label_smoothing = c.options.value("label_smoothing", 0.0);
     o.z_loss = c.options.value("z_loss", 0.0);
     o.logit_softcap = c.options.value("logit_softcap", 0.0);
@@ -79,8 +88,9 @@ class LossFamily final : public Family {
     if (!out) return out.error();
     run.adapter = out.value().dispatch.adapter;
     const at::Tensor loss = out.value().loss;
-    const at::Tensor upstream =
-        c.inputs.count("upstream") != 0u ? c.inputs.at("upstream").to(loss.scalar_type()) : at::ones_like(loss);
+    const at::Tensor upstream = c.inputs.count("upstream") != 0u
+                                    ? c.inputs.at("upstream").to(loss.scalar_type())
+                                    : at::ones_like(loss);
     start = std::chrono::steady_clock::now();
     const auto grads = torch::autograd::grad({loss}, wrt, {upstream});
     run.backward_ms = elapsed_ms(start);
@@ -95,6 +105,8 @@ class LossFamily final : public Family {
 
 }  // namespace
 
-std::unique_ptr<Family> make_loss_family() { return std::make_unique<LossFamily>(); }
+std::unique_ptr<Family> make_loss_family() {
+  return std::make_unique<LossFamily>();
+}
 
 }  // namespace keel::harness

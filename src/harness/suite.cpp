@@ -19,6 +19,7 @@ const std::vector<std::unique_ptr<Family>>& families() {
   static const auto* const all = [] {
     auto* v = new std::vector<std::unique_ptr<Family>>;
     v->push_back(make_logsumexp_family());
+    v->push_back(make_attention_family());
     v->push_back(make_loss_family());
     return v;
   }();

@@ -1,0 +1,35 @@
+// keel's block-sparse attention on long-stable ATen ops. Queries are tiled
+// into blocks; for each query block the key blocks are classified as empty
+// (skipped), full (no masking) or partial (the element mask applies), and
+// only the visible key blocks are multiplied, so the cost follows the
+// fraction of visible blocks. Differentiable by construction: autograd runs
+// through the tile loop.
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+
+#include "keel/v1/attention.h"
+
+namespace keel::compat {
+
+struct BlockSparseResult {
+  at::Tensor out;  // [B, Hq, Lq, Ev], q's dtype
+  at::Tensor lse;  // [B, Hq, Lq], float32 (float64 for float64 input)
+  // Blocks multiplied / blocks of the dense problem, over (query, key) block pairs.
+  double visible_fraction = 1.0;
+};
+
+// q, k, v and spec as keel::attention validated them; `scale` resolved.
+BlockSparseResult block_sparse_attention(const at::Tensor& q, const at::Tensor& k,
+                                         const at::Tensor& v, const AttentionSpec& spec,
+                                         double scale);
+
+// ALiBi and bias for the scores of queries [q0, q0 + q_rows) against the keys
+// `keys` (int64 positions), in the dtype of `scores`, added to it.
+at::Tensor add_score_modifiers(const at::Tensor& scores, const AttentionSpec& spec, std::int64_t q0,
+                               std::int64_t q_rows, const at::Tensor& keys, std::int64_t q_len,
+                               std::int64_t kv_len);
+
+}  // namespace keel::compat

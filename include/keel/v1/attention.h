@@ -1,0 +1,209 @@
+/// @file keel/v1/attention.h
+/// @brief `keel::attention`: scaled dot-product attention with
+/// FlexAttention's common masks and score modifiers, declared in C++.
+///
+/// PyTorch's FlexAttention has no C++ entry point (it is a Python
+/// higher-order op compiled at run time). keel offers its common patterns as
+/// plain values: a list of mask terms combined with and/or, and a few score
+/// modifiers. Dense cases run on `at::scaled_dot_product_attention`; sparse
+/// masks run on keel's block-sparse kernel, which skips key blocks that a
+/// query block cannot see, so that its cost follows the visible fraction.
+///
+/// @code
+///   at::Tensor q = at::randn({1, 8, 1024, 64});  // [B, Hq, Lq, E]
+///   at::Tensor k = at::randn({1, 2, 1024, 64});  // [B, Hkv, Lk, E]: GQA, 4 query heads per kv
+///   head at::Tensor v = at::randn({1, 2, 1024, 64});  // [B, Hkv, Lk, Ev] keel::AttentionSpec
+///   spec; spec.masks = {keel::Mask::sliding_window(256, 0)};  // causal window of 257 keys
+///   spec.return_lse = true;
+///   keel::result<keel::AttentionOutput> r = keel::attention(q, k, v, spec);
+///   if (!r) { std::cerr << r.error().to_string() << "\n"; return; }
+///   at::Tensor out = r.value().out;              // [1, 8, 1024, 64], q's dtype
+///   at::Tensor lse = r.value().lse;              // [1, 8, 1024], float32
+///   std::cout << r.value().dispatch.reason;      // which path ran, and why
+/// @endcode
+///
+/// Semantics every adapter keeps, and traps:
+/// - The score of query i and key j is `s = scale * <q_i, k_j>`; then, when
+///   `softcap > 0`, `s = softcap * tanh(s / softcap)`; then ALiBi and `bias`
+///   are added; then the mask removes what it hides. Softmax and the
+///   log-sum-exp accumulate in float32 (float64 for float64 input).
+/// - A fully masked row (a query that sees no key, e.g. through key padding
+///   of length 0 or a window that misses every key) gives output 0 and
+///   log-sum-exp -inf, never NaN, and its gradient is 0. An additive mask
+///   passed as `bias` that is -inf on a whole row is a fully masked row too.
+/// - Positions: query i sits at position `i` (`CausalAlignment::top_left`)
+///   or `i + Lk - Lq` (`CausalAlignment::bottom_right`, decoding with a KV
+///   cache: the last query sees the last key). Key j sits at position j.
+///   Top-left and bottom-right differ only when Lq != Lk; name the one meant.
+/// - Lq = 0 gives an empty output; Lk = 0 makes every row fully masked.
+/// - The result is differentiable through autograd with respect to q, k, v
+///   and `bias`.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "keel/v1/dispatch.h"
+#include "keel/v1/error.h"
+
+namespace keel {
+inline namespace v1 {
+
+/// Where the queries sit relative to the keys, for position-based masks.
+enum class CausalAlignment : std::uint8_t {
+  /// Query i is at position i: causal row i sees keys 0..i.
+  top_left = 0,
+  /// Query i is at position i + Lk - Lq: causal row i sees keys
+  /// 0..i + Lk - Lq (the last query sees every key).
+  bottom_right,
+};
+
+/// The kind of one mask term.
+enum class MaskKind : std::uint8_t {
+  /// Key j visible from query position p when j <= p.
+  causal = 0,
+  /// Key j visible when p - window_left <= j <= p + window_right.
+  sliding_window,
+  /// Key j visible when j <= p and j, p are in the same chunk of
+  /// `chunk_size` positions.
+  chunked_causal,
+  /// Key j visible when j < prefix_lengths[b] or j <= p.
+  prefix_lm,
+  /// Key j visible when q_document_ids[b, i] == kv_document_ids[b, j].
+  document,
+  /// Key j visible when j < kv_lengths[b].
+  key_padding,
+  /// Key j visible when its block is listed in `block` for query i's block.
+  block,
+  /// Key j visible when `tensor[b, h, i, j]` is true.
+  tensor,
+};
+
+/// An explicit block mask in FlexAttention's BlockMask layout. A key block
+/// listed for a query block is visible entirely (there is no mask_mod; AND it
+/// with another term to refine it).
+struct BlockMask {
+  /// int32 `[B or 1, Hq or 1, Qb]`: how many partial blocks each query block
+  /// lists, Qb = ceil(Lq / q_block_size).
+  at::Tensor kv_num_blocks;
+  /// int32 `[B or 1, Hq or 1, Qb, KVb]`: the key-block indices, the first
+  /// `kv_num_blocks` of each row used, each in [0, ceil(Lk / kv_block_size)).
+  at::Tensor kv_indices;
+  /// Optional int32 `[B or 1, Hq or 1, Qb]`: the count of full blocks.
+  at::Tensor full_kv_num_blocks;
+  /// Optional int32 `[B or 1, Hq or 1, Qb, KVb']`: the full blocks' indices.
+  at::Tensor full_kv_indices;
+  /// Query rows per block.
+  std::int64_t q_block_size = 128;
+  /// Keys per block.
+  std::int64_t kv_block_size = 128;
+};
+
+/// One mask term. Build it with the named constructors; a plain struct, so
+/// fields can also be set directly.
+struct Mask {
+  /// Which rule this term applies; the fields it reads are named there.
+  MaskKind kind = MaskKind::causal;
+  /// Query positions for causal, sliding_window, chunked_causal, prefix_lm.
+  CausalAlignment alignment = CausalAlignment::top_left;
+  /// Keys visible before the query position (sliding_window), >= 0.
+  std::int64_t window_left = 0;
+  /// Keys visible after the query position (sliding_window), >= 0.
+  std::int64_t window_right = 0;
+  /// Positions per chunk (chunked_causal), > 0.
+  std::int64_t chunk_size = 0;
+  /// Integer `[B]` (prefix_lm): the bidirectional prefix length per batch.
+  at::Tensor prefix_lengths;
+  /// Integer `[B, Lq]` (document): the query tokens' document ids.
+  at::Tensor q_document_ids;
+  /// Integer `[B, Lk]` (document): the keys' document ids.
+  at::Tensor kv_document_ids;
+  /// Integer `[B]` (key_padding): valid keys per batch, in [0, Lk].
+  at::Tensor kv_lengths;
+  /// The block mask (block).
+  BlockMask block;
+  /// Bool, broadcastable to `[B, Hq, Lq, Lk]` (tensor): true keeps an entry.
+  /// An additive float mask goes in `AttentionSpec::bias` instead.
+  at::Tensor tensor;
+
+  /// A causal term.
+  static Mask causal(CausalAlignment alignment = CausalAlignment::top_left);
+  /// A sliding window of `left` keys before and `right` keys after the query.
+  static Mask sliding_window(std::int64_t left, std::int64_t right,
+                             CausalAlignment alignment = CausalAlignment::top_left);
+  /// Causal attention within chunks of `chunk_size` positions.
+  static Mask chunked_causal(std::int64_t chunk_size,
+                             CausalAlignment alignment = CausalAlignment::top_left);
+  /// Prefix-LM: bidirectional over the first `prefix_lengths[b]` keys, causal after.
+  static Mask prefix_lm(at::Tensor prefix_lengths,
+                        CausalAlignment alignment = CausalAlignment::top_left);
+  /// Packed sequences: a query sees only keys of its own document.
+  static Mask document(at::Tensor q_document_ids, at::Tensor kv_document_ids);
+  /// Key padding: the first `kv_lengths[b]` keys of batch b are valid.
+  static Mask key_padding(at::Tensor kv_lengths);
+  /// An explicit block mask.
+  static Mask block_mask(BlockMask block);
+  /// An explicit boolean mask tensor (true keeps).
+  static Mask from_tensor(at::Tensor keep);
+};
+
+/// How the terms of `AttentionSpec::masks` combine.
+enum class MaskCombine : std::uint8_t {
+  /// A key is visible when every term keeps it (and).
+  all_of = 0,
+  /// A key is visible when any term keeps it (or).
+  any_of,
+};
+
+/// What `keel::attention` computes. Every field has a default: the default
+/// spec is plain softmax attention with scale 1/sqrt(E).
+struct AttentionSpec {
+  /// Mask terms, combined by `combine`; empty means every key is visible.
+  std::vector<Mask> masks;
+  /// How `masks` combine.
+  MaskCombine combine = MaskCombine::all_of;
+  /// The score scale; a value <= 0 (the default) means 1/sqrt(E). Finite.
+  double scale = 0.0;
+  /// tanh soft-capping of the scaled scores; 0 (the default) is off. Finite, >= 0.
+  double softcap = 0.0;
+  /// Optional float `[Hq]` ALiBi slopes: adds `slopes[h] * (j - p)`, p the
+  /// query position under `alibi_alignment`.
+  at::Tensor alibi_slopes;
+  /// Query positions for ALiBi.
+  CausalAlignment alibi_alignment = CausalAlignment::top_left;
+  /// Optional additive bias (or additive mask: -inf hides an entry),
+  /// broadcastable to `[B, Hq, Lq, Lk]`, q's dtype; differentiable.
+  at::Tensor bias;
+  /// Also return the log-sum-exp of each row.
+  bool return_lse = false;
+  /// Which adapter serves the call.
+  DispatchOptions dispatch;
+};
+
+/// The result of `keel::attention`.
+struct AttentionOutput {
+  /// `[B, Hq, Lq, Ev]`, q's dtype; rows that see no key are 0.
+  at::Tensor out;
+  /// `[B, Hq, Lq]`, natural log, float32 (float64 for float64 input), when
+  /// `return_lse`; -inf on fully masked rows. Undefined otherwise.
+  at::Tensor lse;
+  /// Which adapter served the call, and why (the reason names the path:
+  /// SDPA or keel's block-sparse kernel).
+  DispatchInfo dispatch;
+};
+
+/// Computes `softmax(mask(modifiers(scale * q k^T))) v` per head.
+///
+/// `q` `[B, Hq, Lq, E]`, `k` `[B, Hkv, Lk, E]`, `v` `[B, Hkv, Lk, Ev]`:
+/// defined, same dtype (float16, bfloat16, float32, float64) and device, with
+/// `Hq % Hkv == 0` (query head h reads kv head `h / (Hq / Hkv)`). Errors:
+/// `invalid_argument` naming the argument for bad input, `unsupported` when
+/// the requested adapter cannot serve the call, `backend_error` when libtorch
+/// fails.
+result<AttentionOutput> attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const AttentionSpec& spec = {});
+
+}  // namespace v1
+}  // namespace keel

@@ -1,0 +1,388 @@
+// keel::attention: validation, then dispatch.
+#include "keel/v1/attention.h"
+
+#include <cmath>
+#include <exception>
+#include <string>
+#include <utility>
+
+#include <ATen/ATen.h>
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_join.h>
+
+#include "dispatch/attention.h"
+#include "dispatch/dispatcher.h"
+#include "guard.h"
+
+namespace keel {
+inline namespace v1 {
+
+Mask Mask::causal(CausalAlignment alignment) {
+  Mask m;
+  m.kind = MaskKind::causal;
+  m.alignment = alignment;
+  return m;
+}
+
+Mask Mask::sliding_window(std::int64_t left, std::int64_t right, CausalAlignment alignment) {
+  Mask m;
+  m.kind = MaskKind::sliding_window;
+  m.window_left = left;
+  m.window_right = right;
+  m.alignment = alignment;
+  return m;
+}
+
+Mask Mask::chunked_causal(std::int64_t chunk_size, CausalAlignment alignment) {
+  Mask m;
+  m.kind = MaskKind::chunked_causal;
+  m.chunk_size = chunk_size;
+  m.alignment = alignment;
+  return m;
+}
+
+Mask Mask::prefix_lm(at::Tensor prefix_lengths, CausalAlignment alignment) {
+  Mask m;
+  m.kind = MaskKind::prefix_lm;
+  m.prefix_lengths = std::move(prefix_lengths);
+  m.alignment = alignment;
+  return m;
+}
+
+Mask Mask::document(at::Tensor q_document_ids, at::Tensor kv_document_ids) {
+  Mask m;
+  m.kind = MaskKind::document;
+  m.q_document_ids = std::move(q_document_ids);
+  m.kv_document_ids = std::move(kv_document_ids);
+  return m;
+}
+
+Mask Mask::key_padding(at::Tensor kv_lengths) {
+  Mask m;
+  m.kind = MaskKind::key_padding;
+  m.kv_lengths = std::move(kv_lengths);
+  return m;
+}
+
+Mask Mask::block_mask(BlockMask block) {
+  Mask m;
+  m.kind = MaskKind::block;
+  m.block = std::move(block);
+  return m;
+}
+
+Mask Mask::from_tensor(at::Tensor keep) {
+  Mask m;
+  m.kind = MaskKind::tensor;
+  m.tensor = std::move(keep);
+  return m;
+}
+
+namespace {
+
+constexpr const char* kOp = "attention";
+
+std::string shape_of(const at::Tensor& t) {
+  return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]");
+}
+
+Error invalid(const std::string& message) {
+  return {Errc::invalid_argument, absl::StrCat("attention: ", message)};
+}
+
+bool is_float(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+}
+
+bool is_integer(at::ScalarType t) {
+  return at::isIntegralType(t, /*includeBool=*/false);
+}
+
+// Shapes of the call, read once from q, k, v.
+struct Dims {
+  std::int64_t batch, q_heads, kv_heads, q_len, kv_len, head_dim, value_dim;
+};
+
+result<void> check_device(const char* name, const at::Tensor& t, const at::Tensor& q) {
+  if (t.device() != q.device()) {
+    return invalid(
+        absl::StrCat(name, " is on ", t.device().str(), " but query is on ", q.device().str()));
+  }
+  return success();
+}
+
+// An integer tensor of exactly `shape`, on q's device.
+result<void> check_index_tensor(const char* name, const at::Tensor& t,
+                                const std::vector<std::int64_t>& shape, const char* meaning,
+                                const at::Tensor& q) {
+  const std::string want = absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+  if (!t.defined()) {
+    return invalid(
+        absl::StrCat(name, " is undefined; expected an integer tensor ", want, " (", meaning, ")"));
+  }
+  if (!is_integer(t.scalar_type())) {
+    return invalid(absl::StrCat(name, " has dtype ", c10::toString(t.scalar_type()),
+                                "; expected an integer dtype (", meaning, ")"));
+  }
+  if (t.sizes() != at::IntArrayRef(shape)) {
+    return invalid(
+        absl::StrCat(name, " has shape ", shape_of(t), "; expected ", want, " (", meaning, ")"));
+  }
+  return check_device(name, t, q);
+}
+
+// [B or 1, Hq or 1, ...] as FlexAttention's BlockMask allows.
+bool batch_heads_ok(const at::Tensor& t, const Dims& d) {
+  return (t.size(0) == d.batch || t.size(0) == 1) && (t.size(1) == d.q_heads || t.size(1) == 1);
+}
+
+result<void> check_block_mask(const std::string& at, const BlockMask& bm, const Dims& d,
+                              const at::Tensor& q) {
+  if (bm.q_block_size <= 0 || bm.kv_block_size <= 0) {
+    return invalid(absl::StrCat(at, ".block has block sizes (", bm.q_block_size, ", ",
+                                bm.kv_block_size, "); expected both > 0"));
+  }
+  const std::int64_t qb = (d.q_len + bm.q_block_size - 1) / bm.q_block_size;
+  const std::int64_t kvb = (d.kv_len + bm.kv_block_size - 1) / bm.kv_block_size;
+  const auto check_pair = [&](const char* counts_name, const at::Tensor& counts,
+                              const char* indices_name, const at::Tensor& indices) -> result<void> {
+    const std::string cn = absl::StrCat(at, ".block.", counts_name);
+    const std::string in = absl::StrCat(at, ".block.", indices_name);
+    if (!counts.defined() || !indices.defined()) {
+      return invalid(absl::StrCat(cn, " and ", in, " must both be defined (or both undefined)"));
+    }
+    if (counts.scalar_type() != at::kInt || indices.scalar_type() != at::kInt) {
+      return invalid(absl::StrCat(cn, " has dtype ", c10::toString(counts.scalar_type()), " and ",
+                                  in, " has dtype ", c10::toString(indices.scalar_type()),
+                                  "; expected int32 for both (FlexAttention's BlockMask layout)"));
+    }
+    if (counts.dim() != 3 || !batch_heads_ok(counts, d) || counts.size(2) != qb) {
+      return invalid(absl::StrCat(cn, " has shape ", shape_of(counts), "; expected [", d.batch,
+                                  " or 1, ", d.q_heads, " or 1, ", qb, "] (", qb,
+                                  " query blocks of ", bm.q_block_size, ")"));
+    }
+    if (indices.dim() != 4 || indices.size(0) != counts.size(0) ||
+        indices.size(1) != counts.size(1) || indices.size(2) != qb) {
+      return invalid(absl::StrCat(in, " has shape ", shape_of(indices), "; expected [",
+                                  counts.size(0), ", ", counts.size(1), ", ", qb, ", KVb]"));
+    }
+    result<void> dev = check_device(cn.c_str(), counts, q);
+    if (!dev) return dev;
+    dev = check_device(in.c_str(), indices, q);
+    if (!dev) return dev;
+    const std::int64_t slots = indices.size(3);
+    if (counts.numel() > 0) {
+      const auto lo = counts.min().item<std::int64_t>();
+      const auto hi = counts.max().item<std::int64_t>();
+      if (lo < 0 || hi > slots || hi > kvb) {
+        return invalid(absl::StrCat(cn, " holds counts in [", lo, ", ", hi, "]; expected [0, ",
+                                    std::min(slots, kvb), "] (", in, " has ", slots,
+                                    " slots, and there are ", kvb, " key blocks)"));
+      }
+    }
+    if (indices.numel() > 0) {
+      // Only the slots a count uses must be in range: FlexAttention pads the rest.
+      const at::Tensor used =
+          at::arange(slots, indices.options()).view({1, 1, 1, slots}) < counts.unsqueeze(-1);
+      const at::Tensor bad = used & ((indices < 0) | (indices >= kvb));
+      if (bad.any().item<bool>()) {
+        const at::Tensor first = indices.masked_select(bad)[0];
+        return invalid(absl::StrCat(in, " holds index ", first.item<std::int64_t>(),
+                                    "; expected key-block indices in [0, ", kvb, ")"));
+      }
+    }
+    return success();
+  };
+  result<void> r = check_pair("kv_num_blocks", bm.kv_num_blocks, "kv_indices", bm.kv_indices);
+  if (!r) return r;
+  if (bm.full_kv_num_blocks.defined() || bm.full_kv_indices.defined()) {
+    r = check_pair("full_kv_num_blocks", bm.full_kv_num_blocks, "full_kv_indices",
+                   bm.full_kv_indices);
+  }
+  return r;
+}
+
+bool broadcasts_to(const at::Tensor& t, const std::vector<std::int64_t>& shape) {
+  const auto rank = static_cast<std::int64_t>(shape.size());
+  if (t.dim() > rank) return false;
+  for (std::int64_t i = 1; i <= t.dim(); ++i) {
+    const std::int64_t s = t.size(-i);
+    if (s != 1 && s != shape[rank - i]) return false;
+  }
+  return true;
+}
+
+result<void> check_mask(const Mask& m, std::size_t index, const Dims& d, const at::Tensor& q) {
+  const std::string at = absl::StrCat("spec.masks[", index, "]");
+  switch (m.kind) {
+    case MaskKind::causal:
+      return success();
+    case MaskKind::sliding_window:
+      if (m.window_left < 0 || m.window_right < 0) {
+        return invalid(absl::StrCat(at, " is a sliding window of (left ", m.window_left, ", right ",
+                                    m.window_right, "); expected both >= 0"));
+      }
+      return success();
+    case MaskKind::chunked_causal:
+      if (m.chunk_size <= 0) {
+        return invalid(
+            absl::StrCat(at, ".chunk_size is ", m.chunk_size, "; expected a chunk size > 0"));
+      }
+      return success();
+    case MaskKind::prefix_lm:
+      return check_index_tensor((at + ".prefix_lengths").c_str(), m.prefix_lengths, {d.batch},
+                                "one prefix length per batch", q);
+    case MaskKind::document: {
+      result<void> r = check_index_tensor((at + ".q_document_ids").c_str(), m.q_document_ids,
+                                          {d.batch, d.q_len}, "one document id per query token", q);
+      if (!r) return r;
+      return check_index_tensor((at + ".kv_document_ids").c_str(), m.kv_document_ids,
+                                {d.batch, d.kv_len}, "one document id per key token", q);
+    }
+    case MaskKind::key_padding:
+      return check_index_tensor((at + ".kv_lengths").c_str(), m.kv_lengths, {d.batch},
+                                "valid keys per batch", q);
+    case MaskKind::block:
+      return check_block_mask(at, m.block, d, q);
+    case MaskKind::tensor: {
+      const std::string name = at + ".tensor";
+      if (!m.tensor.defined()) return invalid(name + " is undefined; expected a bool tensor");
+      if (m.tensor.scalar_type() != at::kBool) {
+        return invalid(absl::StrCat(name, " has dtype ", c10::toString(m.tensor.scalar_type()),
+                                    "; expected bool (true keeps; pass an additive float mask "
+                                    "as spec.bias)"));
+      }
+      if (!broadcasts_to(m.tensor, {d.batch, d.q_heads, d.q_len, d.kv_len})) {
+        return invalid(absl::StrCat(name, " has shape ", shape_of(m.tensor),
+                                    ", which does not broadcast to [", d.batch, ", ", d.q_heads,
+                                    ", ", d.q_len, ", ", d.kv_len, "]"));
+      }
+      return check_device(name.c_str(), m.tensor, q);
+    }
+  }
+  return invalid(absl::StrCat(at, ".kind is ", static_cast<int>(m.kind), ", not a MaskKind"));
+}
+
+result<double> validate(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                        const AttentionSpec& spec) {
+  const std::pair<const char*, const at::Tensor*> qkv[] = {
+      {"query", &q}, {"key", &k}, {"value", &v}};
+  for (const auto& [name, t] : qkv) {
+    if (!t->defined()) return invalid(absl::StrCat(name, " is an undefined tensor"));
+    if (t->dim() != 4) {
+      return invalid(absl::StrCat(name, " has rank ", t->dim(), " (shape ", shape_of(*t),
+                                  "); expected rank 4 [B, H, L, E]"));
+    }
+    if (!is_float(t->scalar_type())) {
+      return invalid(absl::StrCat(name, " has dtype ", c10::toString(t->scalar_type()),
+                                  "; expected float16, bfloat16, float32 or float64"));
+    }
+  }
+  for (const auto& [name, t] : {qkv[1], qkv[2]}) {
+    if (t->scalar_type() != q.scalar_type()) {
+      return invalid(absl::StrCat(name, " has dtype ", c10::toString(t->scalar_type()),
+                                  " but query has ", c10::toString(q.scalar_type()),
+                                  "; expected the same dtype"));
+    }
+    result<void> dev = check_device(name, *t, q);
+    if (!dev) return dev.error();
+  }
+  const Dims d{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), v.size(3)};
+  if (k.size(0) != d.batch || v.size(0) != d.batch) {
+    return invalid(absl::StrCat("batch sizes differ: query ", d.batch, ", key ", k.size(0),
+                                ", value ", v.size(0), "; expected equal"));
+  }
+  if (v.size(1) != d.kv_heads) {
+    return invalid(absl::StrCat("value has ", v.size(1), " heads but key has ", d.kv_heads,
+                                "; expected equal"));
+  }
+  if (d.kv_heads == 0 || d.q_heads % d.kv_heads != 0) {
+    return invalid(absl::StrCat("key has ", d.kv_heads,
+                                " heads, which does not divide the query's ", d.q_heads,
+                                " (grouped-query attention needs Hq % Hkv == 0)"));
+  }
+  if (v.size(2) != d.kv_len) {
+    return invalid(absl::StrCat("value has sequence length ", v.size(2), " but key has ", d.kv_len,
+                                "; expected equal"));
+  }
+  if (k.size(3) != d.head_dim) {
+    return invalid(absl::StrCat("key has head dim ", k.size(3), " but query has ", d.head_dim,
+                                "; expected equal (E)"));
+  }
+  if (!std::isfinite(spec.scale)) {
+    return invalid(absl::StrCat("spec.scale is ", spec.scale, "; expected a finite number"));
+  }
+  if (!std::isfinite(spec.softcap) || spec.softcap < 0) {
+    return invalid(absl::StrCat("spec.softcap is ", spec.softcap,
+                                "; expected a finite value >= 0 (0 turns soft-capping off)"));
+  }
+  if (spec.combine != MaskCombine::all_of && spec.combine != MaskCombine::any_of) {
+    return invalid(
+        absl::StrCat("spec.combine is ", static_cast<int>(spec.combine), ", not a MaskCombine"));
+  }
+  for (std::size_t i = 0; i < spec.masks.size(); ++i) {
+    result<void> r = check_mask(spec.masks[i], i, d, q);
+    if (!r) return r.error();
+  }
+  if (spec.alibi_slopes.defined()) {
+    const at::Tensor& s = spec.alibi_slopes;
+    if (!is_float(s.scalar_type()) || s.dim() != 1 || s.size(0) != d.q_heads) {
+      return invalid(absl::StrCat("spec.alibi_slopes has shape ", shape_of(s), " and dtype ",
+                                  c10::toString(s.scalar_type()), "; expected a float tensor [",
+                                  d.q_heads, "] (one slope per query head)"));
+    }
+    result<void> dev = check_device("spec.alibi_slopes", s, q);
+    if (!dev) return dev.error();
+  }
+  if (spec.bias.defined()) {
+    const at::Tensor& b = spec.bias;
+    if (b.scalar_type() != q.scalar_type()) {
+      return invalid(absl::StrCat("spec.bias has dtype ", c10::toString(b.scalar_type()),
+                                  " but query has ", c10::toString(q.scalar_type()),
+                                  "; expected the same dtype"));
+    }
+    if (!broadcasts_to(b, {d.batch, d.q_heads, d.q_len, d.kv_len})) {
+      return invalid(absl::StrCat("spec.bias has shape ", shape_of(b),
+                                  ", which does not broadcast to [", d.batch, ", ", d.q_heads, ", ",
+                                  d.q_len, ", ", d.kv_len, "]"));
+    }
+    result<void> dev = check_device("spec.bias", b, q);
+    if (!dev) return dev.error();
+  }
+  return spec.scale > 0 ? spec.scale : 1.0 / std::sqrt(static_cast<double>(d.head_dim));
+}
+
+}  // namespace
+
+result<AttentionOutput> attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const AttentionSpec& spec) {
+  // The range checks read tensors, which libtorch may fail to do.
+  const result<double> scale = [&]() -> result<double> {
+    try {
+      return validate(q, k, v, spec);
+    } catch (const std::exception& e) {
+      return Error(Errc::backend_error,
+                   absl::StrCat("attention: libtorch failed while validating: ", e.what()));
+    }
+  }();
+  if (!scale) return scale.error();
+  result<internal::Request> request = internal::resolve_request(spec.dispatch);
+  if (!request) return request.error();
+
+  const internal::AttentionCall call{q, k, v, spec, scale.value()};
+  auto selection = internal::select(internal::Registry::builtin(), kOp, request.value(), call,
+                                    &internal::Adapter::attention);
+  if (!selection) return selection.error();
+
+  const internal::AttentionKernel* kernel = selection.value().kernel;
+  result<internal::AttentionResult> computed =
+      internal::guarded(kOp, selection.value().info.adapter, [&] { return kernel->run(call); });
+  if (!computed) return computed.error();
+  DispatchInfo info = std::move(selection).value().info;
+  info.reason = absl::StrCat(info.reason, "; ", computed.value().path);
+  return AttentionOutput{std::move(computed.value().out), std::move(computed.value().lse),
+                         std::move(info)};
+}
+
+}  // namespace v1
+}  // namespace keel

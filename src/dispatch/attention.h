@@ -1,0 +1,39 @@
+// The attention capability: what the core hands an adapter after validation.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include "dispatch/adapter.h"
+#include "keel/v1/attention.h"
+
+namespace keel::internal {
+
+// A validated call: shapes agree, mask terms and modifiers are well formed,
+// and `scale` is resolved (1/sqrt(E) when the spec left it unset).
+struct AttentionCall {
+  const at::Tensor& q;
+  const at::Tensor& k;
+  const at::Tensor& v;
+  const AttentionSpec& spec;
+  double scale;
+};
+
+// What a kernel computed, and which path inside the adapter computed it.
+struct AttentionResult {
+  at::Tensor out;
+  at::Tensor lse;  // defined when spec.return_lse
+  std::string path;
+};
+
+class AttentionKernel {
+ public:
+  virtual ~AttentionKernel() = default;
+  virtual Support supports(const AttentionCall& call) const = 0;
+  // May throw (c10::Error, std::exception): the core turns it into an Error.
+  virtual AttentionResult run(const AttentionCall& call) const = 0;
+};
+
+}  // namespace keel::internal

@@ -1,0 +1,136 @@
+// The attention family: every mask kind and score modifier, GQA, Lq != Lk,
+// odd shapes, fp32 and bf16; forward (out, lse) and the gradients of q, k, v.
+#include <ATen/ATen.h>
+#include <absl/strings/str_cat.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "harness/peak_memory.h"
+#include "harness/suite.h"
+#include "keel/v1/attention.h"
+
+namespace keel::harness {
+namespace {
+
+struct Shape {
+  std::int64_t batch, q_heads, kv_heads, q_len, kv_len, head_dim;
+};
+
+class AttentionFamily final : public Family {
+ public:
+  std::string operation() const override { return "attention"; }
+
+  std::vector<Case> make_cases() const override {
+    std::vector<Case> cases;
+    at::manual_seed(20261203);
+    const Shape base{2, 4, 2, 192, 192, 32};
+    const Shape odd{1, 3, 1, 77, 131, 24};
+    // (name, mask, shape, options)
+    struct Spec {
+      const char* name;
+      Shape shape;
+      nlohmann::json options;
+    };
+    const Spec specs[] = {
+        {"none", base, {{"mask", "none"}}},
+        {"causal", base, {{"mask", "causal"}}},
+        {"causal_bottom_right_decode",
+         {2, 4, 2, 16, 192, 32},
+         {{"mask", "causal"}, {"alignment", "bottom_right"}}},
+        {"sliding_window_48", base, {{"mask", "sliding_window"}, {"left", 48}, {"right", 0}}},
+        {"chunked_causal_64", base, {{"mask", "chunked_causal"}, {"chunk", 64}}},
+        {"prefix_lm", base, {{"mask", "prefix_lm"}}},
+        {"document", base, {{"mask", "document"}}},
+        {"key_padding", base, {{"mask", "key_padding"}}},
+        {"causal_softcap", base, {{"mask", "causal"}, {"softcap", 20.0}}},
+        {"causal_alibi", base, {{"mask", "causal"}, {"alibi", true}}},
+        {"odd_shapes_mqa", odd, {{"mask", "causal"}, {"alignment", "bottom_right"}}},
+    };
+    for (const auto& [type, dtype] :
+         {std::pair{at::kFloat, "float32"}, std::pair{at::kBFloat16, "bfloat16"}}) {
+      for (const Spec& s : specs) {
+        Case c;
+        c.id = absl::StrCat("attention/", dtype, "/", s.name);
+        c.operation = operation();
+        c.dtype = dtype;
+        c.options = s.options;
+        const Shape& sh = s.shape;
+        c.inputs["q"] = at::randn({sh.batch, sh.q_heads, sh.q_len, sh.head_dim}).to(type);
+        c.inputs["k"] = at::randn({sh.batch, sh.kv_heads, sh.kv_len, sh.head_dim}).to(type);
+        c.inputs["v"] = at::randn({sh.batch, sh.kv_heads, sh.kv_len, sh.head_dim}).to(type);
+        c.inputs["upstream"] = at::randn({sh.batch, sh.q_heads, sh.q_len, sh.head_dim});
+        const std::string mask = s.options.value("mask", "");
+        if (mask == "prefix_lm")
+          c.inputs["prefix_lengths"] = at::randint(1, sh.q_len, {sh.batch}, at::kLong);
+        if (mask == "key_padding")
+          c.inputs["kv_lengths"] = at::randint(1, sh.kv_len + 1, {sh.batch}, at::kLong);
+        if (mask == "document") {
+          // Packed sequences: sorted ids, documents of random lengths.
+          const at::Tensor ids =
+              std::get<0>(at::randint(0, 5, {sh.batch, sh.q_len}, at::kLong).sort(-1));
+          c.inputs["q_document_ids"] = ids;
+          c.inputs["kv_document_ids"] = ids;
+        }
+        if (s.options.value("alibi", false))
+          c.inputs["alibi_slopes"] = at::rand({sh.q_heads}) * 0.5;
+        cases.push_back(std::move(c));
+      }
+    }
+    return cases;
+  }
+
+  result<Run> run(const Case& c, Backend backend) const override {
+    const auto alignment = c.options.value("alignment", "top_left") == "bottom_right"
+                               ? CausalAlignment::bottom_right
+                               : CausalAlignment::top_left;
+    AttentionSpec spec;
+    const std::string mask = c.options.value("mask", "none");
+    if (mask == "causal") spec.masks.push_back(Mask::causal(alignment));
+    if (mask == "sliding_window") {
+      spec.masks.push_back(
+          Mask::sliding_window(c.options.value("left", 0), c.options.value("right", 0), alignment));
+    }
+    if (mask == "chunked_causal")
+      spec.masks.push_back(Mask::chunked_causal(c.options.value("chunk", 1), alignment));
+    if (mask == "prefix_lm")
+      spec.masks.push_back(Mask::prefix_lm(c.inputs.at("prefix_lengths"), alignment));
+    if (mask == "document") {
+      spec.masks.push_back(
+          Mask::document(c.inputs.at("q_document_ids"), c.inputs.at("kv_document_ids")));
+    }
+    if (mask == "key_padding") spec.masks.push_back(Mask::key_padding(c.inputs.at("kv_lengths")));
+    spec.softcap = c.options.value("softcap", 0.0);
+    if (c.options.value("alibi", false)) spec.alibi_slopes = c.inputs.at("alibi_slopes");
+    spec.return_lse = true;
+    spec.dispatch.backend = backend;
+
+    const at::Tensor q = c.inputs.at("q").detach().clone().requires_grad_(true);
+    const at::Tensor k = c.inputs.at("k").detach().clone().requires_grad_(true);
+    const at::Tensor v = c.inputs.at("v").detach().clone().requires_grad_(true);
+    Run run;
+    PeakMemory memory;
+    auto start = std::chrono::steady_clock::now();
+    result<AttentionOutput> out = attention(q, k, v, spec);
+    run.forward_ms = elapsed_ms(start);
+    if (!out) return out.error();
+    run.adapter = out.value().dispatch.adapter;
+    const at::Tensor upstream = c.inputs.at("upstream").to(out.value().out.scalar_type());
+    start = std::chrono::steady_clock::now();
+    const auto grads = torch::autograd::grad({out.value().out}, {q, k, v}, {upstream});
+    run.backward_ms = elapsed_ms(start);
+    run.peak_bytes = memory.peak_bytes();
+    run.outputs["out"] = out.value().out.detach();
+    run.outputs["lse"] = out.value().lse.detach();
+    run.outputs["grad_q"] = grads[0];
+    run.outputs["grad_k"] = grads[1];
+    run.outputs["grad_v"] = grads[2];
+    return run;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Family> make_attention_family() {
+  return std::make_unique<AttentionFamily>();
+}
+
+}  // namespace keel::harness

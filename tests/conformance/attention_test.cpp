@@ -1,0 +1,600 @@
+// attention on every adapter of this build against the float64 reference.
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "conformance/adapters.h"
+#include "reference/attention_reference.h"
+
+namespace keel {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct Shape {
+  std::int64_t B = 2, Hq = 4, Hkv = 2, Lq = 200, Lk = 200, E = 32, Ev = 32;
+};
+
+struct Qkv {
+  at::Tensor q, k, v;
+};
+
+Qkv make_qkv(const Shape& s, at::ScalarType dtype = at::kFloat) {
+  return {at::randn({s.B, s.Hq, s.Lq, s.E}, at::kDouble).to(dtype),
+          at::randn({s.B, s.Hkv, s.Lk, s.E}, at::kDouble).to(dtype),
+          at::randn({s.B, s.Hkv, s.Lk, s.Ev}, at::kDouble).to(dtype)};
+}
+
+// A named spec builder for the mask-kind tables, given the call's shape.
+struct MaskCase {
+  const char* name;
+  std::function<AttentionSpec(const Shape&)> spec;
+};
+
+// A block mask in FlexAttention's layout listing a pseudo-random set of key
+// blocks per query block (with padding slots past the count), and, when
+// `full`, a separate full-block list.
+BlockMask random_block_mask(const Shape& s, std::int64_t block, bool full) {
+  const std::int64_t qb = (s.Lq + block - 1) / block;
+  const std::int64_t kvb = (s.Lk + block - 1) / block;
+  BlockMask bm;
+  bm.q_block_size = block;
+  bm.kv_block_size = block;
+  at::Tensor idx = at::zeros({s.B, s.Hq, qb, kvb}, at::kInt);
+  at::Tensor cnt = at::zeros({s.B, s.Hq, qb}, at::kInt);
+  at::Tensor fidx = at::zeros({s.B, s.Hq, qb, kvb}, at::kInt);
+  at::Tensor fcnt = at::zeros({s.B, s.Hq, qb}, at::kInt);
+  for (std::int64_t b = 0; b < s.B; ++b) {
+    for (std::int64_t h = 0; h < s.Hq; ++h) {
+      for (std::int64_t r = 0; r < qb; ++r) {
+        int n = 0, f = 0;
+        for (std::int64_t c = 0; c < kvb; ++c) {
+          const std::int64_t pick = (b * 7 + h * 3 + r * 5 + c * 11) % 4;
+          if (pick == 0) idx[b][h][r][n++] = static_cast<int>(c);
+          if (pick == 1 && full) fidx[b][h][r][f++] = static_cast<int>(c);
+        }
+        cnt[b][h][r] = n;
+        fcnt[b][h][r] = f;
+      }
+    }
+  }
+  bm.kv_num_blocks = cnt;
+  bm.kv_indices = idx;
+  if (full) {
+    bm.full_kv_num_blocks = fcnt;
+    bm.full_kv_indices = fidx;
+  }
+  return bm;
+}
+
+AttentionSpec with_masks(std::vector<Mask> masks, MaskCombine combine = MaskCombine::all_of) {
+  AttentionSpec spec;
+  spec.masks = std::move(masks);
+  spec.combine = combine;
+  return spec;
+}
+
+// Every mask kind, some compositions, both alignments.
+std::vector<MaskCase> mask_cases() {
+  return {
+      {"none", [](const Shape&) { return AttentionSpec{}; }},
+      {"causal_top_left", [](const Shape&) { return with_masks({Mask::causal()}); }},
+      {"causal_bottom_right",
+       [](const Shape&) { return with_masks({Mask::causal(CausalAlignment::bottom_right)}); }},
+      {"sliding_window", [](const Shape&) { return with_masks({Mask::sliding_window(40, 0)}); }},
+      {"sliding_window_two_sided",
+       [](const Shape&) {
+         return with_masks({Mask::sliding_window(17, 30, CausalAlignment::bottom_right)});
+       }},
+      {"chunked_causal", [](const Shape&) { return with_masks({Mask::chunked_causal(48)}); }},
+      {"prefix_lm",
+       [](const Shape& s) {
+         return with_masks({Mask::prefix_lm(at::arange(s.B, at::kLong) * 37 + 20)});
+       }},
+      {"document",
+       [](const Shape& s) {
+         const at::Tensor q_ids = at::arange(s.Lq, at::kLong).floor_divide(60).repeat({s.B, 1});
+         const at::Tensor k_ids = at::arange(s.Lk, at::kLong).floor_divide(60).repeat({s.B, 1});
+         return with_masks({Mask::document(q_ids, k_ids)});
+       }},
+      {"key_padding",
+       [](const Shape& s) {
+         return with_masks({Mask::key_padding(s.Lk - at::arange(s.B, at::kLong) * 50)});
+       }},
+      {"block_mask",
+       [](const Shape& s) {
+         return with_masks({Mask::block_mask(random_block_mask(s, 64, false))});
+       }},
+      {"block_mask_with_full_blocks",
+       [](const Shape& s) {
+         return with_masks({Mask::block_mask(random_block_mask(s, 64, true))});
+       }},
+      {"bool_tensor",
+       [](const Shape& s) {
+         return with_masks({Mask::from_tensor(at::rand({s.B, 1, s.Lq, s.Lk}) > 0.3)});
+       }},
+      {"causal_and_document",
+       [](const Shape& s) {
+         const at::Tensor q_ids = at::arange(s.Lq, at::kLong).floor_divide(70).repeat({s.B, 1});
+         const at::Tensor k_ids = at::arange(s.Lk, at::kLong).floor_divide(70).repeat({s.B, 1});
+         return with_masks({Mask::causal(), Mask::document(q_ids, k_ids)});
+       }},
+      {"window_or_prefix",
+       [](const Shape& s) {
+         return with_masks(
+             {Mask::sliding_window(10, 0), Mask::prefix_lm(at::full({s.B}, 16, at::kLong))},
+             MaskCombine::any_of);
+       }},
+      {"window_and_padding_and_block", [](const Shape& s) {
+         return with_masks({Mask::sliding_window(64, 64),
+                            Mask::key_padding(at::full({s.B}, s.Lk - 13, at::kLong)),
+                            Mask::block_mask(random_block_mask(s, 32, true))});
+       }}};
+}
+
+class AttentionConformance : public ::testing::TestWithParam<Backend> {
+ protected:
+  AttentionSpec on_adapter(AttentionSpec spec) const {
+    spec.dispatch.backend = GetParam();
+    return spec;
+  }
+  AttentionOutput run(const Qkv& x, AttentionSpec spec) const {
+    auto r = attention(x.q, x.k, x.v, on_adapter(std::move(spec)));
+    EXPECT_TRUE(r) << r.error().to_string();
+    if (!r) return {};
+    EXPECT_EQ(r.value().dispatch.adapter, to_string(GetParam()));
+    return std::move(r).value();
+  }
+};
+
+double max_error(const at::Tensor& got, const at::Tensor& want) {
+  const at::Tensor g = got.detach().to(at::kDouble);
+  const at::Tensor w = want.detach().to(at::kDouble);
+  const at::Tensor finite = w.isfinite();
+  if (!finite.any().item<bool>()) return 0.0;
+  return (g - w).abs().masked_select(finite).max().item<double>();
+}
+
+// Infinities (lse of fully masked rows) must match exactly; no NaN anywhere.
+void expect_same_infinities(const at::Tensor& got, const at::Tensor& want) {
+  const at::Tensor g = got.detach().to(at::kDouble);
+  EXPECT_FALSE(g.isnan().any().item<bool>());
+  EXPECT_TRUE(at::equal(g.isneginf(), want.isneginf()));
+  EXPECT_TRUE(at::equal(g.isposinf(), want.isposinf()));
+}
+
+// FlashAttention's rule: the error against float64 is at most twice that of
+// the same-precision naive implementation, plus a small floor.
+void expect_within_rule(const Qkv& x, const AttentionSpec& spec, const AttentionOutput& got,
+                        double floor) {
+  const auto [ref_out, ref_lse] = reference::attention(x.q, x.k, x.v, spec);
+  const auto [naive_out, naive_lse] = reference::attention(x.q, x.k, x.v, spec, x.q.scalar_type());
+  ASSERT_EQ(got.out.sizes(), ref_out.sizes());
+  EXPECT_EQ(got.out.scalar_type(), x.q.scalar_type());
+  EXPECT_FALSE(got.out.isnan().any().item<bool>());
+  const double err = max_error(got.out, ref_out);
+  const double naive = max_error(naive_out, ref_out);
+  EXPECT_LE(err, 2 * naive + floor) << "out error " << err << ", naive " << naive;
+  if (spec.return_lse) {
+    ASSERT_TRUE(got.lse.defined());
+    EXPECT_EQ(got.lse.sizes(), ref_lse.sizes());
+    EXPECT_EQ(got.lse.scalar_type(), x.q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
+    expect_same_infinities(got.lse, ref_lse);
+    const double lerr = max_error(got.lse, ref_lse);
+    const double lnaive = max_error(naive_lse, ref_lse);
+    EXPECT_LE(lerr, 2 * lnaive + floor) << "lse error " << lerr << ", naive " << lnaive;
+  } else {
+    EXPECT_FALSE(got.lse.defined());
+  }
+}
+
+TEST_P(AttentionConformance, EveryMaskKindMatchesFloat64Reference) {
+  const Shape s;
+  for (const MaskCase& c : mask_cases()) {
+    for (bool lse : {false, true}) {
+      SCOPED_TRACE(std::string(c.name) + (lse ? " with lse" : ""));
+      const Qkv x = make_qkv(s);
+      AttentionSpec spec = c.spec(s);
+      spec.return_lse = lse;
+      expect_within_rule(x, spec, run(x, spec), 1e-6);
+    }
+  }
+}
+
+// With q = 0 every visible key scores the same, and v = the identity makes
+// out[i, j] = 1 / (visible count) exactly where key j is visible: the mask
+// keel applied can be read back and compared bit for bit.
+TEST_P(AttentionConformance, MaskIsExactlyTheMaterialisedMask) {
+  Shape s;
+  s.Lq = 150;
+  s.Lk = 170;
+  s.Ev = s.Lk;
+  for (const MaskCase& c : mask_cases()) {
+    SCOPED_TRACE(c.name);
+    Qkv x{at::zeros({s.B, s.Hq, s.Lq, s.E}, at::kDouble),
+          at::randn({s.B, s.Hkv, s.Lk, s.E}, at::kDouble),
+          at::eye(s.Lk, at::kDouble).expand({s.B, s.Hkv, s.Lk, s.Lk}).contiguous()};
+    const AttentionSpec spec = c.spec(s);
+    const AttentionOutput got = run(x, spec);
+    const at::Tensor want = reference::attention_mask(spec, s.B, s.Hq, s.Lq, s.Lk);
+    EXPECT_TRUE(at::equal(got.out > 0, want));
+  }
+}
+
+TEST_P(AttentionConformance, QueryAndKeyLengthsDifferWithBothAlignments) {
+  for (const auto& [lq, lk] :
+       {std::pair<std::int64_t, std::int64_t>{1, 300}, {77, 300}, {300, 77}, {130, 129}}) {
+    Shape s;
+    s.Lq = lq;
+    s.Lk = lk;
+    for (CausalAlignment a : {CausalAlignment::top_left, CausalAlignment::bottom_right}) {
+      for (bool window : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "Lq " << lq << " Lk " << lk << " alignment "
+                                          << static_cast<int>(a) << " window " << window);
+        const Qkv x = make_qkv(s);
+        AttentionSpec spec =
+            with_masks({window ? Mask::sliding_window(33, 0, a) : Mask::causal(a)});
+        spec.return_lse = true;
+        expect_within_rule(x, spec, run(x, spec), 1e-6);
+        spec.return_lse = false;
+        expect_within_rule(x, spec, run(x, spec), 1e-6);
+      }
+    }
+  }
+}
+
+TEST_P(AttentionConformance, GroupedAndMultiQueryAttentionAndOddShapes) {
+  struct Case {
+    const char* name;
+    Shape s;
+  };
+  const Case cases[] = {{"gqa", {2, 8, 2, 130, 130, 32, 32}},
+                        {"mqa", {3, 4, 1, 129, 129, 32, 32}},
+                        {"head dim 80, Ev != E", {1, 2, 2, 100, 140, 80, 48}},
+                        {"decode Lq=1", {3, 4, 1, 1, 257, 64, 64}}};
+  for (const Case& c : cases) {
+    for (const MaskCase& m : {mask_cases()[0], mask_cases()[2], mask_cases()[3]}) {
+      SCOPED_TRACE(std::string(c.name) + " " + m.name);
+      const Qkv x = make_qkv(c.s);
+      AttentionSpec spec = m.spec(c.s);
+      expect_within_rule(x, spec, run(x, spec), 1e-6);
+      spec.return_lse = true;
+      expect_within_rule(x, spec, run(x, spec), 1e-6);
+    }
+  }
+}
+
+TEST_P(AttentionConformance, EveryScoreModifierMatchesReference) {
+  const Shape s;
+  const std::vector<std::pair<const char*, std::function<void(AttentionSpec&)>>> modifiers = {
+      {"scale", [](AttentionSpec& p) { p.scale = 0.37; }},
+      {"softcap", [](AttentionSpec& p) { p.softcap = 1.5; }},
+      {"alibi", [&](AttentionSpec& p) { p.alibi_slopes = at::rand({s.Hq}) * 0.2; }},
+      {"alibi_bottom_right",
+       [&](AttentionSpec& p) {
+         p.alibi_slopes = at::rand({s.Hq}) * 0.2;
+         p.alibi_alignment = CausalAlignment::bottom_right;
+       }},
+      {"bias",
+       [&](AttentionSpec& p) {
+         p.bias = at::randn({s.B, s.Hq, s.Lq, s.Lk});
+       }},
+      {"broadcast_bias", [&](AttentionSpec& p) { p.bias = at::randn({s.Lk}); }},
+      {"additive_mask_bias",
+       [&](AttentionSpec& p) {
+         p.bias = at::where(at::rand({1, 1, s.Lq, s.Lk}) > 0.5, at::zeros({}), at::full({}, -kInf));
+       }},
+      {"all", [&](AttentionSpec& p) {
+         p.scale = 0.2;
+         p.softcap = 3.0;
+         p.alibi_slopes = at::rand({s.Hq}) * 0.1;
+         p.bias = at::randn({1, s.Hq, 1, s.Lk});
+       }}};
+  for (const auto& [name, apply] : modifiers) {
+    for (const MaskCase& m :
+         {mask_cases()[0], mask_cases()[1], mask_cases()[3], mask_cases()[12]}) {
+      for (bool lse : {false, true}) {
+        SCOPED_TRACE(std::string(name) + " " + m.name + (lse ? " lse" : ""));
+        const Qkv x = make_qkv(s);
+        AttentionSpec spec = m.spec(s);
+        apply(spec);
+        spec.return_lse = lse;
+        expect_within_rule(x, spec, run(x, spec), 1e-6);
+      }
+    }
+  }
+}
+
+TEST_P(AttentionConformance, HalfPrecisionWithinTwiceTheNaiveError) {
+  const Shape s;
+  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+    for (const MaskCase& m : {mask_cases()[0], mask_cases()[1], mask_cases()[3], mask_cases()[7],
+                              mask_cases()[9], mask_cases()[11]}) {
+      for (bool lse : {false, true}) {
+        SCOPED_TRACE(std::string(c10::toString(dtype)) + " " + m.name + (lse ? " lse" : ""));
+        const Qkv x = make_qkv(s, dtype);
+        AttentionSpec spec = m.spec(s);
+        spec.return_lse = lse;
+        spec.softcap = lse ? 2.0 : 0.0;
+        expect_within_rule(x, spec, run(x, spec), 1e-3);
+      }
+    }
+  }
+}
+
+TEST_P(AttentionConformance, FullyMaskedRowGivesZeroOutputAndMinusInfLse) {
+  Shape s;
+  s.Lq = 40;
+  s.Lk = 60;
+  at::Tensor keep = at::rand({s.B, 1, s.Lq, s.Lk}) > 0.5;
+  keep.select(2, 3).fill_(false);  // query 3 sees nothing, in every batch
+  at::Tensor bias_mask = at::zeros({s.B, s.Hq, s.Lq, s.Lk}, at::kDouble);
+  bias_mask.select(2, 5).fill_(-kInf);
+  const std::vector<std::pair<const char*, AttentionSpec>> specs = {
+      {"bool tensor", with_masks({Mask::from_tensor(keep)})},
+      {"zero kv length", with_masks({Mask::key_padding(at::tensor({0, 60}, at::kLong))})},
+      {"window before every key",
+       with_masks({Mask::sliding_window(0, 0, CausalAlignment::bottom_right), Mask::causal()})},
+      {"causal with Lq > Lk, bottom-right",
+       with_masks({Mask::causal(CausalAlignment::bottom_right)})},
+      {"-inf bias row", [&] {
+         AttentionSpec p;
+         p.bias = bias_mask;
+         return p;
+       }()}};
+  for (const auto& [name, base] : specs) {
+    for (bool lse : {false, true}) {
+      SCOPED_TRACE(std::string(name) + (lse ? " lse" : ""));
+      Shape shape = s;
+      if (std::string(name).find("Lq > Lk") != std::string::npos) shape.Lq = 80;
+      Qkv x = make_qkv(shape, at::kDouble);
+      x.q.requires_grad_(true);
+      x.k.requires_grad_(true);
+      x.v.requires_grad_(true);
+      AttentionSpec spec = base;
+      spec.return_lse = lse;
+      const AttentionOutput got = run(x, spec);
+      ASSERT_TRUE(got.out.defined());
+      const at::Tensor keep_all =
+          reference::attention_mask(spec, shape.B, shape.Hq, shape.Lq, shape.Lk);
+      at::Tensor empty = keep_all.logical_not().all(-1);
+      if (spec.bias.defined()) empty = empty | spec.bias.isneginf().all(-1);
+      ASSERT_TRUE(empty.any().item<bool>()) << "the case must hold a fully masked row";
+      EXPECT_FALSE(got.out.isnan().any().item<bool>());
+      EXPECT_EQ(got.out.masked_select(empty.unsqueeze(-1)).abs().max().item<double>(), 0.0);
+      if (lse) {
+        EXPECT_TRUE(got.lse.masked_select(empty).isneginf().all().item<bool>());
+        EXPECT_FALSE(got.lse.isnan().any().item<bool>());
+      }
+      const at::Tensor loss =
+          got.out.sum() + (lse ? got.lse.masked_fill(empty, 0).sum() : at::zeros({}));
+      const auto grads = torch::autograd::grad({loss}, {x.q, x.k, x.v});
+      for (const at::Tensor& g : grads) EXPECT_FALSE(g.isnan().any().item<bool>());
+      EXPECT_EQ(grads[0].masked_select(empty.unsqueeze(-1)).abs().max().item<double>(), 0.0);
+      expect_within_rule(x, spec, got, 1e-12);
+    }
+  }
+}
+
+TEST_P(AttentionConformance, EmptySequencesAreValid) {
+  Shape s;
+  s.Lq = 0;
+  const AttentionOutput a = run(make_qkv(s), AttentionSpec{});
+  EXPECT_EQ(a.out.sizes(), (std::vector<std::int64_t>{s.B, s.Hq, 0, s.Ev}));
+  s.Lq = 5;
+  s.Lk = 0;
+  AttentionSpec spec;
+  spec.return_lse = true;
+  const AttentionOutput b = run(make_qkv(s), spec);
+  EXPECT_EQ(b.out.sizes(), (std::vector<std::int64_t>{s.B, s.Hq, 5, s.Ev}));
+  EXPECT_EQ(b.out.abs().max().item<double>(), 0.0);
+  EXPECT_TRUE(b.lse.isneginf().all().item<bool>());
+}
+
+// Gradients of q, k, v and the bias against float64 reference autograd.
+TEST_P(AttentionConformance, GradientsMatchReferenceAutograd) {
+  Shape s;
+  s.Lq = 150;
+  s.Lk = 170;
+  for (const MaskCase& m : mask_cases()) {
+    for (bool with_bias : {false, true}) {
+      SCOPED_TRACE(std::string(m.name) + (with_bias ? " bias" : ""));
+      Qkv x = make_qkv(s);
+      AttentionSpec spec = m.spec(s);
+      // Without bias and lse the dense cases run on SDPA: its backward is pinned too.
+      spec.return_lse = with_bias;
+      spec.softcap = with_bias ? 4.0 : 0.0;
+      std::vector<at::Tensor> inputs = {x.q.requires_grad_(true), x.k.requires_grad_(true),
+                                        x.v.requires_grad_(true)};
+      if (with_bias) {
+        spec.bias = at::randn({1, s.Hq, s.Lq, s.Lk}).requires_grad_(true);
+        inputs.push_back(spec.bias);
+      }
+      const AttentionOutput got = run(x, spec);
+      const at::Tensor up = at::randn(got.out.sizes(), at::kDouble);
+      const at::Tensor up_lse = at::randn({s.B, s.Hq, s.Lq}, at::kDouble);
+      const auto loss_of = [&](const at::Tensor& out, const at::Tensor& lse) {
+        at::Tensor loss = (out.to(at::kDouble) * up).sum();
+        if (!spec.return_lse) return loss;
+        return loss + (lse.to(at::kDouble).masked_fill(lse.isinf(), 0) * up_lse).sum();
+      };
+      const auto g = torch::autograd::grad({loss_of(got.out, got.lse)}, inputs);
+      const auto [ro, rl] = reference::attention(x.q, x.k, x.v, spec);
+      const auto rg = torch::autograd::grad({loss_of(ro, rl)}, inputs);
+      for (std::size_t n = 0; n < g.size(); ++n) {
+        SCOPED_TRACE(n);
+        EXPECT_FALSE(g[n].isnan().any().item<bool>());
+        const double scale = std::max(1.0, rg[n].abs().max().item<double>());
+        EXPECT_LE(max_error(g[n], rg[n]), 1e-4 * scale);
+      }
+    }
+  }
+}
+
+// C++ has no gradcheck: central differences in double on a tiny case, for
+// each mask kind, against keel's own autograd.
+TEST_P(AttentionConformance, FiniteDifferencesAgreeWithAutogradInDouble) {
+  Shape s{1, 2, 1, 6, 7, 3, 2};
+  for (const MaskCase& m : mask_cases()) {
+    SCOPED_TRACE(m.name);
+    Qkv x = make_qkv(s, at::kDouble);
+    AttentionSpec spec = on_adapter(m.spec(s));
+    spec.softcap = 2.0;
+    spec.bias = at::randn({1, s.Hq, s.Lq, s.Lk}, at::kDouble);
+    const at::Tensor up = at::randn({s.B, s.Hq, s.Lq, s.Ev}, at::kDouble);
+    const auto loss = [&](const Qkv& in, const at::Tensor& bias) {
+      AttentionSpec p = spec;
+      p.bias = bias;
+      return (attention(in.q, in.k, in.v, p).value().out * up).sum();
+    };
+    std::vector<at::Tensor> inputs = {x.q.requires_grad_(true), x.k.requires_grad_(true),
+                                      x.v.requires_grad_(true), spec.bias.requires_grad_(true)};
+    std::vector<at::Tensor> g;
+    try {
+      g = torch::autograd::grad({loss(x, spec.bias)}, inputs);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << e.what();
+      continue;
+    }
+    c10::NoGradGuard no_grad;
+    for (std::size_t n = 0; n < inputs.size(); ++n) {
+      const at::Tensor flat = inputs[n].detach().clone().flatten();
+      const at::Tensor grad = g[n].flatten();
+      for (std::int64_t e = 0; e < flat.numel(); ++e) {
+        const double eps = 1e-6;
+        const auto eval = [&](double delta) {
+          at::Tensor t = flat.clone();
+          t[e] += delta;
+          t = t.view(inputs[n].sizes());
+          Qkv in{x.q.detach(), x.k.detach(), x.v.detach()};
+          at::Tensor bias = spec.bias.detach();
+          if (n == 0) in.q = t;
+          if (n == 1) in.k = t;
+          if (n == 2) in.v = t;
+          if (n == 3) bias = t;
+          return loss(in, bias).item<double>();
+        };
+        const double fd = (eval(eps) - eval(-eps)) / (2 * eps);
+        EXPECT_NEAR(grad[e].item<double>(), fd, 1e-6) << "input " << n << " entry " << e;
+      }
+    }
+  }
+}
+
+TEST_P(AttentionConformance, DispatchInfoNamesThePath) {
+  const Shape s;
+  const Qkv x = make_qkv(s);
+  const AttentionOutput dense = run(x, with_masks({Mask::causal()}));
+  EXPECT_NE(dense.dispatch.reason.find("scaled_dot_product_attention"), std::string::npos)
+      << dense.dispatch.reason;
+  const AttentionOutput sparse = run(x, with_masks({Mask::sliding_window(16, 0)}));
+  EXPECT_NE(sparse.dispatch.reason.find("block_sparse_attention"), std::string::npos)
+      << sparse.dispatch.reason;
+  if (GetParam() == Backend::native) {
+    EXPECT_NE(sparse.dispatch.reason.find("2.13 adds no"), std::string::npos)
+        << sparse.dispatch.reason;
+  }
+}
+
+TEST_P(AttentionConformance, BadInputIsInvalidArgumentNamingTheArgument) {
+  const Shape s;
+  const Qkv good = make_qkv(s);
+  struct Case {
+    const char* what;
+    Qkv x;
+    AttentionSpec spec;
+    const char* names;
+  };
+  const auto spec_with = [](std::function<void(AttentionSpec&)> f) {
+    AttentionSpec p;
+    f(p);
+    return p;
+  };
+  BlockMask bad_index = random_block_mask(s, 64, false);
+  bad_index.kv_indices = bad_index.kv_indices.clone();
+  bad_index.kv_indices.select(3, 0).fill_(99);
+  bad_index.kv_num_blocks = at::ones_like(bad_index.kv_num_blocks);
+  BlockMask bad_count = random_block_mask(s, 64, false);
+  bad_count.kv_num_blocks = at::full_like(bad_count.kv_num_blocks, 9);
+  BlockMask bad_dtype = random_block_mask(s, 64, false);
+  bad_dtype.kv_indices = bad_dtype.kv_indices.to(at::kLong);
+  BlockMask bad_shape = random_block_mask(s, 64, false);
+  bad_shape.kv_num_blocks = bad_shape.kv_num_blocks.narrow(2, 0, 2);
+  const std::vector<Case> cases = {
+      {"undefined query", {at::Tensor(), good.k, good.v}, {}, "query"},
+      {"rank 3 key", {good.q, good.k[0], good.v}, {}, "key has rank 3"},
+      {"int dtype", {good.q.to(at::kInt), good.k, good.v}, {}, "query has dtype"},
+      {"dtype mismatch", {good.q, good.k.to(at::kDouble), good.v}, {}, "key has dtype"},
+      {"batch mismatch", {good.q, good.k.narrow(0, 0, 1), good.v}, {}, "batch"},
+      {"heads do not divide",
+       {good.q, at::randn({s.B, 3, s.Lk, s.E}), at::randn({s.B, 3, s.Lk, s.Ev})},
+       {},
+       "key has 3 heads, which does not divide the query's 4"},
+      {"value heads", {good.q, good.k, good.v.narrow(1, 0, 1)}, {}, "value has 1 heads"},
+      {"head dim", {good.q, good.k.narrow(3, 0, 16), good.v}, {}, "key has head dim 16"},
+      {"value length", {good.q, good.k, good.v.narrow(2, 0, 10)}, {}, "value has sequence length"},
+      {"nan scale", good, spec_with([](AttentionSpec& p) { p.scale = std::nan(""); }),
+       "spec.scale"},
+      {"negative softcap", good, spec_with([](AttentionSpec& p) { p.softcap = -1; }),
+       "spec.softcap"},
+      {"inf softcap", good, spec_with([](AttentionSpec& p) { p.softcap = kInf; }), "spec.softcap"},
+      {"negative window", good, with_masks({Mask::sliding_window(-1, 0)}), "spec.masks[0]"},
+      {"zero chunk", good, with_masks({Mask::causal(), Mask::chunked_causal(0)}),
+       "spec.masks[1].chunk_size"},
+      {"doc ids length", good,
+       with_masks({Mask::document(at::zeros({s.B, s.Lq - 1}, at::kLong),
+                                  at::zeros({s.B, s.Lk}, at::kLong))}),
+       "spec.masks[0].q_document_ids"},
+      {"doc ids dtype", good,
+       with_masks({Mask::document(at::zeros({s.B, s.Lq}), at::zeros({s.B, s.Lk}, at::kLong))}),
+       "spec.masks[0].q_document_ids has dtype"},
+      {"prefix shape", good, with_masks({Mask::prefix_lm(at::zeros({s.B + 1}, at::kLong))}),
+       "spec.masks[0].prefix_lengths"},
+      {"padding undefined", good, with_masks({Mask::key_padding(at::Tensor())}),
+       "spec.masks[0].kv_lengths"},
+      {"block index out of range", good, with_masks({Mask::block_mask(bad_index)}),
+       "spec.masks[0].block.kv_indices holds index 99"},
+      {"block count above KVb", good, with_masks({Mask::block_mask(bad_count)}),
+       "spec.masks[0].block.kv_num_blocks"},
+      {"block dtype", good, with_masks({Mask::block_mask(bad_dtype)}), "int32"},
+      {"block shape", good, with_masks({Mask::block_mask(bad_shape)}),
+       "spec.masks[0].block.kv_num_blocks has shape"},
+      {"mask tensor dtype", good, with_masks({Mask::from_tensor(at::ones({s.Lq, s.Lk}))}),
+       "spec.masks[0].tensor has dtype"},
+      {"mask tensor shape", good,
+       with_masks({Mask::from_tensor(at::ones({s.Lq, s.Lk + 1}, at::kBool))}),
+       "spec.masks[0].tensor has shape"},
+      {"bias shape", good, spec_with([&](AttentionSpec& p) {
+         p.bias = at::zeros({3, s.Lk});
+       }),
+       "spec.bias has shape"},
+      {"bias dtype", good,
+       spec_with([&](AttentionSpec& p) { p.bias = at::zeros({s.Lk}, at::kDouble); }),
+       "spec.bias has dtype"},
+      {"alibi shape", good,
+       spec_with([&](AttentionSpec& p) { p.alibi_slopes = at::zeros({s.Hq + 1}); }),
+       "spec.alibi_slopes"},
+  };
+  ASSERT_GE(cases.size(), 15u);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    auto r = attention(c.x.q, c.x.k, c.x.v, on_adapter(c.spec));
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error().code(), Errc::invalid_argument);
+    EXPECT_NE(r.error().message().find(c.names), std::string::npos) << r.error().message();
+    EXPECT_EQ(r.error().message().rfind("attention: ", 0), 0u) << r.error().message();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryAdapter, AttentionConformance,
+                         ::testing::ValuesIn(testing::adapters_in_build()), testing::adapter_name);
+
+}  // namespace
+}  // namespace keel
