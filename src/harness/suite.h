@@ -50,7 +50,8 @@ struct Run {
 
 // Milliseconds since `start`, for a Run's timings.
 inline double elapsed_ms(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
 }
 
 class Family {
