@@ -48,9 +48,6 @@ struct BuildInfo {
   std::string keel_version;
   /// The libtorch version built against, e.g. "2.13.0".
   std::string torch_version;
-  /// The libtorch version loaded at run time (differs only if the library
-  /// path was changed after the build, which libtorch does not support).
-  std::string torch_runtime_version;
   /// Whether keel was built with CUDA (`KEEL_WITH_CUDA`).
   bool cuda = false;
   /// The compiler keel was built with, e.g. "GNU 12.2.0".
