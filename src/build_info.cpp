@@ -1,14 +1,12 @@
-// The facts CMake knows about this build arrive as definitions on this one
-// file (see CMakeLists.txt), so that no public header depends on them.
+// The facts CMake knows about this build (KEEL_BUILD_TORCH_VERSION,
+// KEEL_BUILD_CUDA, KEEL_BUILD_COMPILER, KEEL_BUILD_TYPE) arrive as
+// definitions on this one file (see CMakeLists.txt), so that no public
+// header depends on them.
 #include "keel/v1/build_info.h"
 
 #include "dispatch/registry.h"
 #include "keel/version.h"
 
-#ifndef KEEL_BUILD_TORCH_VERSION
-#error \
-    "CMake defines KEEL_BUILD_TORCH_VERSION, KEEL_BUILD_CUDA, KEEL_BUILD_COMPILER, KEEL_BUILD_TYPE"
-#endif
 
 namespace keel {
 inline namespace v1 {
