@@ -7,7 +7,6 @@
 #include "dispatch/registry.h"
 #include "keel/version.h"
 
-
 namespace keel {
 inline namespace v1 {
 
