@@ -87,6 +87,23 @@ for v in "${releases[@]}"; do
   touch "$dest.tmp/.complete"
   rm -rf "$dest" && mv "$dest.tmp" "$dest"
 done
+# gloo's headers: ProcessGroupGloo.hpp includes them, and the wheels do not
+# ship them. Debian's libgloo-dev is unpacked (never installed or linked:
+# the gloo code keel runs is the copy inside libtorch_cpu); keel passes gloo
+# objects only as the opaque pointers libtorch makes, and
+# tests/unit/gloo_layout_test.cpp checks the layouts agree.
+gloo_dir="$deps_dir/gloo-headers"
+if [ ! -f "$gloo_dir/.complete" ]; then
+  echo "keel: unpacking Debian's libgloo-dev headers into $gloo_dir"
+  rm -rf "$gloo_dir.tmp" && mkdir -p "$gloo_dir.tmp"
+  (cd "$gloo_dir.tmp" && apt-get download libgloo-dev >/dev/null 2>&1 ||
+    { [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"; ${sudo_cmd:-} apt-get update -qq && apt-get download libgloo-dev; })
+  dpkg-deb -x "$gloo_dir.tmp"/libgloo-dev_*.deb "$gloo_dir.tmp/root"
+  mv "$gloo_dir.tmp/root/usr/include" "$gloo_dir.tmp/include"
+  rm -rf "$gloo_dir.tmp/root" "$gloo_dir.tmp"/*.deb
+  touch "$gloo_dir.tmp/.complete"
+  rm -rf "$gloo_dir" && mv "$gloo_dir.tmp" "$gloo_dir"
+fi
 # Python's safetensors and numpy, in keel's own virtual environment: the
 # tests open keel-compat's files with them, as a Python user would.
 venv="$deps_dir/venv"

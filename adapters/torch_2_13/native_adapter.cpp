@@ -9,6 +9,8 @@
 #include "dispatch/linear_cross_entropy.h"
 #include "dispatch/logsumexp.h"
 #include "masked_logsumexp.h"
+#include "torch_2_13/comm.h"
+#include "torch_2_9/comm.h"
 #include "torch_2_9/compat_adapter.h"
 
 // torch/headeronly/version.h is new in 2.13 (the macros moved there); CMake
@@ -91,6 +93,7 @@ class NativeAdapter final : public internal::Adapter {
         "the compat route (2.13 adds no C++ attention path: no FlexAttention or varlen ATen op): " +
         attention.implementation;
     info.capabilities.push_back(std::move(attention));
+    info.capabilities.push_back(comm_capability(true));
     return info;
   }
 
@@ -102,6 +105,8 @@ class NativeAdapter final : public internal::Adapter {
   const internal::AttentionKernel* attention() const noexcept override {
     return &native_attention_kernel();
   }
+
+  const internal::CommKernel* comm() const noexcept override { return &native_comm_kernel(); }
 
  private:
   NativeLogsumexp logsumexp_;

@@ -4,6 +4,7 @@
 
 #include "dispatch/logsumexp.h"
 #include "masked_logsumexp.h"
+#include "torch_2_9/comm.h"
 #include "torch_2_9/linear_cross_entropy.h"
 
 namespace keel::adapters {
@@ -37,6 +38,7 @@ class CompatAdapter final : public internal::Adapter {
     info.capabilities.push_back(std::move(lse));
     info.capabilities.push_back(CompatLinearCrossEntropy::info());
     info.capabilities.push_back(attention_capability());
+    info.capabilities.push_back(comm_capability(false));
     return info;
   }
 
@@ -48,6 +50,8 @@ class CompatAdapter final : public internal::Adapter {
   const internal::AttentionKernel* attention() const noexcept override {
     return &compat_attention_kernel();
   }
+
+  const internal::CommKernel* comm() const noexcept override { return &compat_comm_kernel(); }
 
  private:
   CompatLogsumexp logsumexp_;

@@ -14,6 +14,7 @@ namespace keel::internal {
 
 class LinearCrossEntropyKernel;
 class AttentionKernel;
+class CommKernel;
 class LogsumexpKernel;
 
 // A kernel's answer to "can you serve this call?", with the reason when not.
@@ -36,6 +37,7 @@ class Adapter {
   virtual const LogsumexpKernel* logsumexp() const noexcept { return nullptr; }
   virtual const LinearCrossEntropyKernel* linear_cross_entropy() const noexcept { return nullptr; }
   virtual const AttentionKernel* attention() const noexcept { return nullptr; }
+  virtual const CommKernel* comm() const noexcept { return nullptr; }
 };
 
 }  // namespace keel::internal

@@ -1,0 +1,39 @@
+// The compat communicator: c10d's Backend API, whose collective names are
+// the same in 2.9 and 2.13 (`_allgather_base`, `_reduce_scatter_base`,
+// `alltoall_base`; see docs/torch-api-matrix.md §3.2).
+#pragma once
+
+#include <memory>
+
+#include "dispatch/comm.h"
+#include "keel/v1/build_info.h"
+
+namespace keel::adapters {
+
+class BackendEngine : public internal::CommEngine {
+ public:
+  explicit BackendEngine(c10::intrusive_ptr<c10d::Backend> backend)
+      : backend_(std::move(backend)) {}
+
+  WorkPtr all_reduce(at::Tensor& tensor, c10d::ReduceOp op, Millis timeout) override;
+  WorkPtr all_gather(at::Tensor& output, at::Tensor& input, Millis timeout) override;
+  WorkPtr all_gather_list(std::vector<at::Tensor>& outputs, at::Tensor& input,
+                          Millis timeout) override;
+  WorkPtr reduce_scatter(at::Tensor& output, at::Tensor& input, c10d::ReduceOp op,
+                         Millis timeout) override;
+  WorkPtr broadcast(at::Tensor& tensor, int root, Millis timeout) override;
+  WorkPtr all_to_all(at::Tensor& output, at::Tensor& input, std::vector<std::int64_t> output_splits,
+                     std::vector<std::int64_t> input_splits, Millis timeout) override;
+  WorkPtr send(at::Tensor& tensor, int peer, int tag) override;
+  WorkPtr recv(at::Tensor& tensor, int peer, int tag) override;
+  WorkPtr barrier(Millis timeout) override;
+  void abort() noexcept override;
+
+ protected:
+  c10::intrusive_ptr<c10d::Backend> backend_;
+};
+
+const internal::CommKernel& compat_comm_kernel();
+CapabilityInfo comm_capability(bool native);
+
+}  // namespace keel::adapters

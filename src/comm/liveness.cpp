@@ -1,0 +1,106 @@
+#include "comm/liveness.h"
+
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
+
+namespace keel::internal::comm_detail {
+namespace {
+
+constexpr const char* kLeft = "left";
+
+std::vector<std::uint8_t> bytes(const std::string& s) {
+  return {s.begin(), s.end()};
+}
+
+}  // namespace
+
+Liveness::Liveness(c10::intrusive_ptr<c10d::Store> store, std::string prefix, int rank, int size,
+                   std::chrono::milliseconds interval, std::chrono::milliseconds peer_timeout,
+                   bool store_on_rank0)
+    : store_(std::move(store)),
+      prefix_(std::move(prefix)),
+      rank_(rank),
+      interval_(interval),
+      peer_timeout_(peer_timeout),
+      store_on_rank0_(store_on_rank0),
+      samples_(static_cast<std::size_t>(size)) {
+  store_->set(key(rank_), bytes("0"));  // may throw: the caller guards
+  thread_ = std::thread([this] { beat(); });
+}
+
+Liveness::~Liveness() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+  try {
+    store_->set(key(rank_), bytes(kLeft));
+  } catch (...) {  // NOLINT(bugprone-empty-catch): the store may be gone first; peers then
+                   // see the heartbeat stop instead
+  }
+}
+
+std::string Liveness::key(int rank) const {
+  return absl::StrCat(prefix_, "hb/", rank);
+}
+
+void Liveness::beat() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!wake_.wait_for(lock, interval_, [this] { return stop_; })) {
+    ++beats_;
+    try {
+      store_->set(key(rank_), bytes(std::to_string(beats_)));
+    } catch (...) {  // NOLINT(bugprone-empty-catch): an unreachable store is what lost()
+                     // reports; the heartbeat keeps trying
+    }
+  }
+}
+
+std::vector<LostPeer> Liveness::lost(const std::vector<int>& world_ranks) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto now = Clock::now();
+  if (now - sampled_ < interval_) return last_lost_;
+  sampled_ = now;
+  std::vector<std::string> keys;
+  std::vector<int> ranks;
+  for (int r : world_ranks) {
+    if (r == rank_) continue;
+    keys.push_back(key(r));
+    ranks.push_back(r);
+  }
+  std::vector<LostPeer> lost;
+  std::vector<std::vector<std::uint8_t>> values;
+  try {
+    values = store_->multiGet(keys);
+  } catch (const std::exception& e) {
+    if (store_on_rank0_ && rank_ != 0) {
+      lost.push_back({0, absl::StrCat("the store it hosts is unreachable (",
+                                      std::string(e.what()).substr(0, 200), ")")});
+    }
+    last_lost_ = lost;
+    return lost;
+  }
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    Sample& s = samples_[static_cast<std::size_t>(ranks[i])];
+    std::string value(values[i].begin(), values[i].end());
+    if (value == kLeft) {
+      lost.push_back({ranks[i], "left (it destroyed its communicator)"});
+      continue;
+    }
+    if (s.changed == Clock::time_point{} || value != s.value) {
+      s.value = std::move(value);
+      s.changed = now;
+      continue;
+    }
+    if (now - s.changed >= peer_timeout_) {
+      const double ago = std::chrono::duration<double>(now - s.changed).count();
+      lost.push_back({ranks[i], absl::StrFormat("its heartbeat stopped %.1f s ago", ago)});
+    }
+  }
+  last_lost_ = lost;
+  return lost;
+}
+
+}  // namespace keel::internal::comm_detail

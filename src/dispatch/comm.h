@@ -1,0 +1,68 @@
+// The communicator capability: what an adapter gives the core for one group.
+// The core (src/comm/) owns rendezvous, liveness, timeouts, checks and the
+// flight recorder; an adapter only issues c10d collectives under the names
+// its libtorch release has.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "dispatch/adapter.h"
+#include "keel/v1/comm.h"
+
+namespace keel::internal {
+
+// One group's collectives. Every call may throw (c10::Error and friends);
+// the core turns that into a keel::Error. `timeout` is the operation's bound,
+// handed to c10d as well (the core enforces it regardless).
+class CommEngine {
+ public:
+  using WorkPtr = c10::intrusive_ptr<c10d::Work>;
+  using Millis = std::chrono::milliseconds;
+
+  virtual ~CommEngine() = default;
+
+  virtual WorkPtr all_reduce(at::Tensor& tensor, c10d::ReduceOp op, Millis timeout) = 0;
+  virtual WorkPtr all_gather(at::Tensor& output, at::Tensor& input, Millis timeout) = 0;
+  virtual WorkPtr all_gather_list(std::vector<at::Tensor>& outputs, at::Tensor& input,
+                                  Millis timeout) = 0;
+  virtual WorkPtr reduce_scatter(at::Tensor& output, at::Tensor& input, c10d::ReduceOp op,
+                                 Millis timeout) = 0;
+  virtual WorkPtr broadcast(at::Tensor& tensor, int root, Millis timeout) = 0;
+  virtual WorkPtr all_to_all(at::Tensor& output, at::Tensor& input,
+                             std::vector<std::int64_t> output_splits,
+                             std::vector<std::int64_t> input_splits, Millis timeout) = 0;
+  virtual WorkPtr send(at::Tensor& tensor, int peer, int tag) = 0;
+  virtual WorkPtr recv(at::Tensor& tensor, int peer, int tag) = 0;
+  virtual WorkPtr barrier(Millis timeout) = 0;
+  // Best effort, never throws: c10d's Backend::abort (NCCL aborts its
+  // communicators; Gloo's is a no-op before 2.13).
+  virtual void abort() noexcept = 0;
+};
+
+// What the core asks before it builds a group.
+struct CommCall {
+  comm::CommBackend backend;  // gloo or nccl, never automatic
+};
+
+class CommKernel {
+ public:
+  virtual ~CommKernel() = default;
+  virtual Support supports(const CommCall& call) const = 0;
+  // Wraps a c10d backend made by the core (src/comm/backends.h) for a group
+  // of `size` ranks on `store`.
+  virtual std::unique_ptr<CommEngine> wrap(c10::intrusive_ptr<c10d::Backend> backend,
+                                           c10::intrusive_ptr<c10d::Store> store, int rank,
+                                           int size) const = 0;
+};
+
+}  // namespace keel::internal

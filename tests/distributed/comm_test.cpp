@@ -1,0 +1,308 @@
+// Distributed tests: N keel_comm_worker processes on loopback, on an
+// ephemeral port, each test bounded in time (a hang fails the test and the
+// workers are killed). The workers check values; this file checks exits,
+// errors and timings, and prints the dead-peer detection times.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Millis = std::chrono::milliseconds;
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::int64_t now_ms() {
+  return std::chrono::duration_cast<Millis>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+struct Rank {
+  pid_t pid = -1;
+  std::string log;
+  int status = -1;  // exit code, or 128 + signal
+  bool done = false;
+};
+
+class World {
+ public:
+  // Spawns ranks [0, launch) of a world of `world` ranks.
+  World(const std::string& scenario, int world, std::vector<std::string> extra, int launch = -1)
+      : dir_(std::filesystem::temp_directory_path() /
+             ("keel-comm-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++))) {
+    std::filesystem::create_directories(dir_);
+    const std::string port = std::to_string(free_port());
+    if (launch < 0) launch = world;
+    for (int r = 0; r < launch; ++r) {
+      Rank rank;
+      rank.log = (dir_ / ("rank" + std::to_string(r) + ".log")).string();
+      std::vector<std::string> args{KEEL_COMM_WORKER,  scenario,  "--rank",
+                                    std::to_string(r), "--world", std::to_string(world),
+                                    "--port",          port};
+      args.insert(args.end(), extra.begin(), extra.end());
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      posix_spawn_file_actions_t actions;
+      posix_spawn_file_actions_init(&actions);
+      posix_spawn_file_actions_addopen(&actions, 1, rank.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                       0644);
+      posix_spawn_file_actions_adddup2(&actions, 1, 2);
+      if (posix_spawn(&rank.pid, argv[0], &actions, nullptr, argv.data(), environ) != 0) {
+        rank.pid = -1;
+      }
+      posix_spawn_file_actions_destroy(&actions);
+      ranks_.push_back(rank);
+    }
+  }
+
+  ~World() {
+    for (Rank& r : ranks_) {
+      if (!r.done && r.pid > 0) {
+        ::kill(r.pid, SIGKILL);
+        ::waitpid(r.pid, nullptr, 0);
+      }
+    }
+    std::error_code ec;
+    if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir_, ec);
+  }
+
+  // Waits for every rank; false (and all killed) when `limit` passes first.
+  bool wait(Millis limit) {
+    const auto deadline = Clock::now() + limit;
+    while (true) {
+      bool all = true;
+      for (Rank& r : ranks_) {
+        if (r.done || r.pid <= 0) continue;
+        int status = 0;
+        if (::waitpid(r.pid, &status, WNOHANG) == r.pid) {
+          r.done = true;
+          r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        } else {
+          all = false;
+        }
+      }
+      if (all) return true;
+      if (Clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(Millis(20));
+    }
+  }
+
+  // Waits until every launched rank printed READY (false after `limit`).
+  bool ready(Millis limit) {
+    const auto deadline = Clock::now() + limit;
+    while (Clock::now() < deadline) {
+      bool all = true;
+      for (std::size_t r = 0; r < ranks_.size(); ++r) {
+        if (log(static_cast<int>(r)).find("READY") == std::string::npos) all = false;
+      }
+      if (all) return true;
+      std::this_thread::sleep_for(Millis(20));
+    }
+    return false;
+  }
+
+  void kill(int rank) { ::kill(ranks_[rank].pid, SIGKILL); }
+
+  std::string log(int rank) const {
+    std::ifstream in(ranks_[rank].log);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+  int status(int rank) const { return ranks_[rank].status; }
+  int size() const { return static_cast<int>(ranks_.size()); }
+
+  std::string all_logs() const {
+    std::string s;
+    for (int r = 0; r < size(); ++r) s += "--- rank " + std::to_string(r) + "\n" + log(r);
+    return s;
+  }
+
+  // The number after `word` in rank's log, or -1.
+  std::int64_t number_after(int rank, const std::string& word) const {
+    const std::string text = log(rank);
+    const auto at = text.find(word + " ");
+    if (at == std::string::npos) return -1;
+    return std::stoll(text.substr(at + word.size() + 1));
+  }
+
+ private:
+  static inline int counter_ = 0;
+  std::filesystem::path dir_;
+  std::vector<Rank> ranks_;
+};
+
+std::vector<std::string> backends() {
+  std::vector<std::string> b{"compat"};
+  if (KEEL_TEST_EXPECT_NATIVE) b.push_back("native");
+  return b;
+}
+
+void expect_all_passed(World& w, const std::string& what) {
+  for (int r = 0; r < w.size(); ++r) {
+    EXPECT_EQ(w.status(r), 0) << what << ": rank " << r << " failed\n" << w.all_logs();
+  }
+}
+
+TEST(CommDistributed, EveryOperationDtypeAndSizeExact) {
+  for (const std::string& backend : backends()) {
+    for (int n : {2, 4}) {
+      World w("ops", n, {"--backend", backend});
+      ASSERT_TRUE(w.wait(Millis(240000))) << "hang (" << backend << ", " << n << " ranks)\n"
+                                          << w.all_logs();
+      expect_all_passed(w, backend + " " + std::to_string(n) + " ranks");
+      EXPECT_NE(w.log(0).find("adapter " + backend), std::string::npos) << w.log(0);
+    }
+  }
+}
+
+// Kills rank 1 at a random point of a loop of `op`; the survivors must
+// name it (peer_lost), then re-form and compute a correct sum. Returns the
+// detection times (kill to error, ms) of the survivors.
+std::vector<std::int64_t> kill_and_reform(const std::string& op, int n, std::mt19937& rng) {
+  World w("kill", n, {"--op", op, "--victim", "1"});
+  std::vector<std::int64_t> times;
+  if (!w.ready(Millis(60000))) {
+    ADD_FAILURE() << op << ": ranks never became ready\n" << w.all_logs();
+    return times;
+  }
+  std::this_thread::sleep_for(Millis(std::uniform_int_distribution<int>(50, 400)(rng)));
+  const std::int64_t killed = now_ms();
+  w.kill(1);
+  if (!w.wait(Millis(30000))) {
+    ADD_FAILURE() << op << ": HANG after the kill\n" << w.all_logs();
+    return times;
+  }
+  for (int r = 0; r < n; ++r) {
+    if (r == 1) continue;
+    EXPECT_EQ(w.status(r), 0) << op << ": survivor " << r << "\n" << w.all_logs();
+    const std::int64_t detected = w.number_after(r, "DETECTED");
+    EXPECT_GE(detected, 0) << w.all_logs();
+    if (detected >= 0) times.push_back(std::max<std::int64_t>(0, detected - killed));
+    EXPECT_NE(w.log(r).find("REFORMED generation 1"), std::string::npos) << w.all_logs();
+  }
+  return times;
+}
+
+std::int64_t percentile(std::vector<std::int64_t> v, double p) {
+  if (v.empty()) return -1;
+  std::sort(v.begin(), v.end());
+  const auto i = static_cast<std::size_t>(p * static_cast<double>(v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+TEST(CommDistributed, KillDuringEachCollectiveThenReform) {
+  std::mt19937 rng(7);
+  for (const char* op : {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all",
+                         "send_recv", "barrier"}) {
+    const auto times = kill_and_reform(op, 3, rng);
+    for (auto t : times) EXPECT_LT(t, 20000 + 5000) << op;  // within the timeout plus a few s
+    std::printf("kill during %s: detected after %s ms\n", op,
+                times.empty() ? "-" : std::to_string(times.front()).c_str());
+  }
+}
+
+TEST(CommDistributed, TwentyKillsNoHangDetectionTimes) {
+  std::mt19937 rng(11);
+  std::vector<std::int64_t> times;
+  int hangs_or_failures = 0;
+  for (int i = 0; i < 20; ++i) {
+    const int before = ::testing::Test::HasFailure() ? 1 : 0;
+    auto t = kill_and_reform("all_reduce", 2, rng);
+    if (t.empty() && before == 0) ++hangs_or_failures;
+    times.insert(times.end(), t.begin(), t.end());
+  }
+  std::printf("20 kills: %zu detections, p50 %lld ms, p99 %lld ms, hangs or failures %d\n",
+              times.size(), static_cast<long long>(percentile(times, 0.5)),
+              static_cast<long long>(percentile(times, 0.99)), hangs_or_failures);
+  EXPECT_EQ(hangs_or_failures, 0);
+  EXPECT_EQ(times.size(), 20u);
+}
+
+TEST(CommDistributed, RankThatExitsEarlyIsNamed) {
+  World w("exit_early", 3, {"--op", "all_reduce", "--victim", "2"});
+  ASSERT_TRUE(w.wait(Millis(60000))) << "hang\n" << w.all_logs();
+  expect_all_passed(w, "exit_early");
+  EXPECT_NE(w.log(0).find("rank 2 left"), std::string::npos) << w.all_logs();
+}
+
+TEST(CommDistributed, RankThatNeverJoinsTimesOutNamingIt) {
+  World w("never_join", 3, {"--victim", "2"}, /*launch=*/2);
+  ASSERT_TRUE(w.wait(Millis(30000))) << "hang\n" << w.all_logs();
+  expect_all_passed(w, "never_join");
+}
+
+TEST(CommDistributed, RankSkippingAnOperationGivesTimeout) {
+  World w("skip", 3, {"--victim", "2"});
+  ASSERT_TRUE(w.wait(Millis(30000))) << "hang\n" << w.all_logs();
+  expect_all_passed(w, "skip");
+}
+
+TEST(CommDistributed, AbortFromAnotherThreadUnblocksTheWait) {
+  World w("abort", 2, {});
+  ASSERT_TRUE(w.wait(Millis(30000))) << "hang\n" << w.all_logs();
+  expect_all_passed(w, "abort");
+  // The dump on demand is JSON with the aborted operation.
+  const std::string log = w.log(0);
+  const auto at = log.find("TRACE ");
+  ASSERT_NE(at, std::string::npos) << log;
+  const std::string path = log.substr(at + 6, log.find('\n', at) - at - 6);
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  EXPECT_NE(s.str().find("\"state\": \"aborted\""), std::string::npos) << s.str();
+  EXPECT_NE(s.str().find("\"op\": \"all_reduce(sum)\""), std::string::npos) << s.str();
+  std::filesystem::remove(path);
+}
+
+TEST(CommDistributed, ConcurrentReduceScatterOnDedicatedGroupAndAllGather) {
+  World w("concurrent", 2, {});
+  ASSERT_TRUE(w.wait(Millis(60000))) << "hang\n" << w.all_logs();
+  expect_all_passed(w, "concurrent");
+}
+
+TEST(CommDistributed, CheckedModeNamesTheRankThatDisagrees) {
+  World w("checked", 3, {});
+  ASSERT_TRUE(w.wait(Millis(60000))) << "hang\n" << w.all_logs();
+  expect_all_passed(w, "checked");
+}
+
+TEST(CommDistributed, SplitIntoEvenAndOddRanks) {
+  World w("split", 4, {});
+  ASSERT_TRUE(w.wait(Millis(60000))) << "hang\n" << w.all_logs();
+  expect_all_passed(w, "split");
+}
+
+}  // namespace
