@@ -16,7 +16,7 @@
 namespace {
 
 constexpr std::int64_t kLength = 4096;
-constexpr std::int64_t kHeads = 4;
+constexpr std::int64_t kHeads = 8;
 constexpr std::int64_t kDim = 64;
 
 struct Inputs {
