@@ -189,6 +189,22 @@ BlockClasses classify_blocks(const AttentionSpec& spec, const MaskGeometry& g,
         term.full = ((q_lo == q_hi) & (k_lo == k_hi) & (q_lo == k_lo)).all(0);
         break;
       }
+      case MaskKind::block:
+        if (m.block.q_block_size == q_block && m.block.kv_block_size == kv_block) {
+          // A listed block is visible entirely: the lists are the classes,
+          // up to the union (intersection) over batches and heads.
+          at::Tensor listed =
+              listed_blocks(m.block.kv_num_blocks.cpu(), m.block.kv_indices.cpu(), kv_blocks);
+          if (m.block.full_kv_num_blocks.defined()) {
+            listed = listed | listed_blocks(m.block.full_kv_num_blocks.cpu(),
+                                            m.block.full_kv_indices.cpu(), kv_blocks);
+          }
+          const at::Tensor per_head = listed.flatten(0, 1);
+          term.visible = per_head.any(0);
+          term.full = per_head.all(0);
+          break;
+        }
+        [[fallthrough]];
       default: {
         const at::Tensor t = materialize_term(m, g, device);
         const std::int64_t pad_q = q_blocks * q_block - g.q_len;

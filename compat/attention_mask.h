@@ -39,9 +39,12 @@ at::Tensor materialize_tile(const AttentionSpec& spec, const MaskGeometry& g, st
 // Which (query block, key block) pairs any (b, h) may see (`visible`, an
 // over-approximation: a block marked visible may still be empty) and which
 // every (b, h) sees entirely (`full`, exact or an under-approximation).
-// Position masks (causal, windows, chunks) are classified from block corners
-// without materialising anything; data-driven terms are materialised and
-// reduced. Both are bool [Qb, KVb] on the CPU.
+// Position masks (causal, windows, chunks) are classified from block corners,
+// documents from each block's range of ids, key padding and prefixes from
+// their lengths, a block mask of the same block sizes from its lists: none
+// materialises an Lq x Lk mask. A tensor mask (or a block mask of other
+// block sizes) is materialised and reduced. Both are bool [Qb, KVb] on the
+// CPU.
 struct BlockClasses {
   at::Tensor visible;
   at::Tensor full;

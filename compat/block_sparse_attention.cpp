@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include "attention_mask.h"
 
@@ -89,9 +91,13 @@ at::Tensor add_score_modifiers(const at::Tensor& scores, const AttentionSpec& sp
   return s;
 }
 
-BlockSparseResult block_sparse_attention(const at::Tensor& q, const at::Tensor& k,
-                                         const at::Tensor& v, const AttentionSpec& spec,
-                                         double scale) {
+namespace {
+
+// The general tile loop on plain ATen ops, differentiable through autograd:
+// for the calls the flash kernel cannot serve (score modifiers, another
+// device, Ev != E).
+BlockSparseResult tile_loop_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const AttentionSpec& spec, double scale) {
   const at::ScalarType acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const std::int64_t batch = q.size(0);
   const std::int64_t q_heads = q.size(1);
@@ -193,6 +199,460 @@ BlockSparseResult block_sparse_attention(const at::Tensor& q, const at::Tensor& 
   result.visible_fraction =
       static_cast<double>(multiplied) / static_cast<double>(q_blocks * kv_blocks);
   return result;
+}
+
+// ---------------------------------------------------------------------------
+// The flash route: the visible keys of each query block form a few contiguous
+// ranges (one for causal, window, chunk and document masks), so each range is
+// one call of libtorch's CPU flash kernel over narrow views of q, k and v,
+// with an additive element mask only where a block is partial. Query blocks
+// whose calls have the same shape and mask, at evenly spaced positions, are
+// batched into one call: the spacing becomes the stride of a "heads" axis of
+// an as_strided view (no copies, even when the key ranges overlap).
+
+// Queries [q0 + i * q_step, + rows) against keys [k0 + i * k_step, + len) for
+// i < count, in batches [b0, b0 + nb): one call of the flash kernel.
+struct FlashGroup {
+  std::int64_t b0 = 0;
+  std::int64_t nb = 1;
+  std::int64_t count = 1;
+  std::int64_t q0 = 0;
+  std::int64_t q_step = 0;
+  std::int64_t rows = 0;
+  std::int64_t k0 = 0;
+  std::int64_t k_step = 0;
+  std::int64_t len = 0;
+  // The kernel's own top-left causal mask (a whole plain causal call).
+  bool causal = false;
+  // Additive (0 / -inf), in the compute dtype: [rows, len] or
+  // [nb * Hq, 1, rows, len]; undefined when every key of the range is visible.
+  at::Tensor mask;
+  // Bool, broadcastable to [nb * Hq, count, rows]: rows that see a key of the
+  // range; undefined when all do. The kernel gives lse 0 to an empty row.
+  at::Tensor nonempty;
+  // Rows an earlier group wrote: this call's part is merged by log-sum-exp.
+  bool merge = false;
+};
+
+// What backward needs besides the tensors: the calls and the scale.
+struct FlashPlan final : torch::CustomClassHolder {
+  std::vector<FlashGroup> groups;
+  double scale = 1.0;
+};
+
+// [nb * H, count, len, D] view of a contiguous [B, H, L, D] tensor: segment
+// i of batch-head n starts at row start + i * step.
+at::Tensor segments(const at::Tensor& t, std::int64_t b0, std::int64_t nb, std::int64_t start,
+                    std::int64_t step, std::int64_t count, std::int64_t len) {
+  const std::int64_t heads = t.size(1);
+  const std::int64_t length = t.size(2);
+  const std::int64_t dim = t.size(3);
+  return t.as_strided({nb * heads, count, len, dim}, {length * dim, step * dim, dim, 1},
+                      t.storage_offset() + (b0 * heads * length + start) * dim);
+}
+
+at::Tensor q_view(const at::Tensor& t, const FlashGroup& g) {
+  return segments(t, g.b0, g.nb, g.q0, g.q_step, g.count, g.rows);
+}
+
+at::Tensor k_view(const at::Tensor& t, const FlashGroup& g) {
+  return segments(t, g.b0, g.nb, g.k0, g.k_step, g.count, g.len);
+}
+
+// The same view of a [B, H, L] tensor: [nb * H, count, len].
+at::Tensor q_view_rows(const at::Tensor& t, const FlashGroup& g) {
+  return q_view(t.unsqueeze(-1), g).squeeze(-1);
+}
+
+// Adds the kernel's key gradient [nb * H, count, len, D] into `grad`. Key
+// ranges of one group may overlap (k_step < len): they are added in slices of
+// k_step keys, each of which is a non-overlapping view.
+void add_key_gradient(const at::Tensor& grad, const FlashGroup& g, const at::Tensor& part) {
+  if (g.count == 1 || g.k_step >= g.len) {
+    k_view(grad, g).add_(part);
+    return;
+  }
+  if (g.k_step == 0) {
+    segments(grad, g.b0, g.nb, g.k0, g.len, 1, g.len).add_(part.sum(1, /*keepdim=*/true));
+    return;
+  }
+  for (std::int64_t c0 = 0; c0 < g.len; c0 += g.k_step) {
+    const std::int64_t n = std::min(g.k_step, g.len - c0);
+    segments(grad, g.b0, g.nb, g.k0 + c0, g.k_step, g.count, n).add_(part.narrow(2, c0, n));
+  }
+}
+
+std::optional<at::Tensor> mask_of(const FlashGroup& g) {
+  return g.mask.defined() ? std::optional<at::Tensor>(g.mask) : std::nullopt;
+}
+
+// Whether every term is a rule on positions alone, the same for every batch.
+bool positional(const AttentionSpec& spec) {
+  for (const Mask& m : spec.masks) {
+    if (m.kind != MaskKind::causal && m.kind != MaskKind::sliding_window &&
+        m.kind != MaskKind::chunked_causal) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Whether every term depends on key and query position through j - p only:
+// then a tile's mask is fixed by (q0 - k0, rows, len).
+bool translation_invariant(const AttentionSpec& spec) {
+  for (const Mask& m : spec.masks) {
+    if (m.kind != MaskKind::causal && m.kind != MaskKind::sliding_window) return false;
+  }
+  return true;
+}
+
+// The terms of `spec` restricted to batch b (for data-driven terms).
+AttentionSpec batch_slice(const AttentionSpec& spec, std::int64_t b) {
+  AttentionSpec out = spec;
+  const auto slice = [b](at::Tensor& t) {
+    if (t.defined() && t.dim() > 0 && t.size(0) > 1) t = t.narrow(0, b, 1);
+  };
+  for (Mask& m : out.masks) {
+    slice(m.prefix_lengths);
+    slice(m.q_document_ids);
+    slice(m.kv_document_ids);
+    slice(m.kv_lengths);
+    slice(m.block.kv_num_blocks);
+    slice(m.block.kv_indices);
+    slice(m.block.full_kv_num_blocks);
+    slice(m.block.full_kv_indices);
+    if (m.tensor.defined() && m.tensor.dim() == 4) slice(m.tensor);
+  }
+  return out;
+}
+
+// One contiguous range of visible keys of one query segment.
+struct Piece {
+  std::int64_t q0 = 0;
+  std::int64_t rows = 0;
+  std::int64_t k0 = 0;
+  std::int64_t len = 0;
+  std::int64_t run = 0;     // index of the range within its query block
+  std::int64_t shape = -1;  // mask identity: pieces of equal shape id share a mask
+  at::Tensor mask;
+  at::Tensor nonempty;
+};
+
+// The masks of partial pieces, in the layout the kernel broadcasts.
+struct TileMask {
+  at::Tensor additive;
+  at::Tensor nonempty;  // undefined when every row sees a key
+};
+
+TileMask tile_mask(const AttentionSpec& spec, const MaskGeometry& g, const Piece& p,
+                   at::ScalarType dtype) {
+  const at::Tensor keys = at::arange(p.k0, p.k0 + p.len, at::TensorOptions().dtype(at::kLong));
+  at::Tensor keep = materialize_tile(spec, g, p.q0, p.rows, keys);
+  if (keep.size(0) != 1 || keep.size(1) != 1) {
+    keep = keep.expand({g.batch, g.q_heads, p.rows, p.len})
+               .reshape({g.batch * g.q_heads, 1, p.rows, p.len});
+  } else {
+    keep = keep.view({p.rows, p.len});
+  }
+  TileMask t;
+  t.additive = at::zeros(keep.sizes(), at::TensorOptions().dtype(dtype))
+                   .masked_fill_(keep.logical_not(), kMinusInf);
+  at::Tensor nonempty = keep.any(-1);
+  if (!nonempty.all().item<bool>()) {
+    // Broadcastable to [nb * Hq, count, rows].
+    t.nonempty = nonempty.dim() == 1 ? nonempty.view({1, 1, p.rows}) : nonempty;
+  }
+  return t;
+}
+
+// The calls of the flash route for batches [b0, b0 + nb) under `spec`.
+void plan_batches(const AttentionSpec& spec, const MaskGeometry& g, std::int64_t b0,
+                  at::ScalarType dtype, std::vector<FlashGroup>& groups) {
+  const auto [bq, bk] = block_sizes(spec);
+  const std::int64_t q_blocks = (g.q_len + bq - 1) / bq;
+  const std::int64_t kv_blocks = (g.kv_len + bk - 1) / bk;
+  const BlockClasses classes = classify_blocks(spec, g, at::kCPU, bq, bk);
+  const auto visible = classes.visible.accessor<bool, 2>();
+  const auto full = classes.full.accessor<bool, 2>();
+
+  // Per query block, its ranges of visible key blocks: [kb0, kb1), partial?
+  struct Run {
+    std::int64_t kb0, kb1;
+    bool partial;
+    bool operator==(const Run& o) const {
+      return kb0 == o.kb0 && kb1 == o.kb1 && partial == o.partial;
+    }
+  };
+  std::vector<Piece> pieces;
+  std::vector<Run> previous;
+  bool previous_merges = false;
+  for (std::int64_t qb = 0; qb < q_blocks; ++qb) {
+    std::vector<Run> runs;
+    for (std::int64_t kb = 0; kb < kv_blocks; ++kb) {
+      if (!visible[qb][kb]) continue;
+      if (!runs.empty() && runs.back().kb1 == kb) {
+        runs.back().kb1 = kb + 1;
+        runs.back().partial = runs.back().partial || !full[qb][kb];
+      } else {
+        runs.push_back({kb, kb + 1, !full[qb][kb]});
+      }
+    }
+    const std::int64_t q0 = qb * bq;
+    const std::int64_t rows = std::min(bq, g.q_len - q0);
+    bool any_partial = false;
+    for (const Run& r : runs) any_partial = any_partial || r.partial;
+    // Query blocks that see the same unmasked ranges share their calls.
+    if (previous_merges && !any_partial && runs == previous) {
+      for (std::size_t i = 0; i < runs.size(); ++i) pieces[pieces.size() - 1 - i].rows += rows;
+      continue;
+    }
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      Piece p;
+      p.q0 = q0;
+      p.rows = rows;
+      p.k0 = runs[i].kb0 * bk;
+      p.len = std::min(g.kv_len, runs[i].kb1 * bk) - p.k0;
+      p.run = static_cast<std::int64_t>(i);
+      p.shape = runs[i].partial ? 0 : -1;  // the mask's identity, resolved below
+      pieces.push_back(std::move(p));
+    }
+    previous = std::move(runs);
+    previous_merges = !any_partial;
+  }
+
+  // Masks of partial pieces. Under a translation-invariant spec a mask is
+  // fixed by (q0 - k0, rows, len), so equal keys share one tensor; otherwise
+  // pieces are compared by content when they could be batched.
+  const bool invariant = translation_invariant(spec);
+  struct Shape {
+    std::int64_t offset, rows, len;
+    TileMask mask;
+  };
+  std::vector<Shape> shapes;
+  for (Piece& p : pieces) {
+    if (p.shape < 0) continue;
+    if (invariant) {
+      const std::int64_t offset = p.q0 - p.k0;
+      std::int64_t id = -1;
+      for (std::size_t s = 0; s < shapes.size(); ++s) {
+        if (shapes[s].offset == offset && shapes[s].rows == p.rows && shapes[s].len == p.len) {
+          id = static_cast<std::int64_t>(s);
+        }
+      }
+      if (id < 0) {
+        shapes.push_back({offset, p.rows, p.len, tile_mask(spec, g, p, dtype)});
+        id = static_cast<std::int64_t>(shapes.size()) - 1;
+      }
+      p.shape = id;
+      p.mask = shapes[static_cast<std::size_t>(id)].mask.additive;
+      p.nonempty = shapes[static_cast<std::size_t>(id)].mask.nonempty;
+    } else {
+      const TileMask t = tile_mask(spec, g, p, dtype);
+      p.mask = t.additive;
+      p.nonempty = t.nonempty;
+    }
+  }
+
+  // Batch evenly spaced pieces of one run index, shape and mask into groups.
+  std::stable_sort(pieces.begin(), pieces.end(),
+                   [](const Piece& a, const Piece& b) { return a.run < b.run; });
+  const auto same_mask = [invariant](const Piece& a, const Piece& b) {
+    if (a.mask.defined() != b.mask.defined()) return false;
+    if (!a.mask.defined()) return true;
+    if (invariant) return a.shape == b.shape;
+    return a.mask.sizes() == b.mask.sizes() && at::equal(a.mask, b.mask);
+  };
+  const Piece* last = nullptr;
+  for (const Piece& p : pieces) {
+    FlashGroup* open = groups.empty() ? nullptr : &groups.back();
+    if (last != nullptr && open != nullptr && last->run == p.run && last->rows == p.rows &&
+        last->len == p.len && p.k0 >= last->k0 && same_mask(*last, p)) {
+      const std::int64_t q_step = p.q0 - last->q0;
+      const std::int64_t k_step = p.k0 - last->k0;
+      if (open->count == 1 || (open->q_step == q_step && open->k_step == k_step)) {
+        open->q_step = q_step;
+        open->k_step = k_step;
+        ++open->count;
+        last = &p;
+        continue;
+      }
+    }
+    FlashGroup group;
+    group.b0 = b0;
+    group.nb = g.batch;
+    group.q0 = p.q0;
+    group.q_step = p.rows;
+    group.rows = p.rows;
+    group.k0 = p.k0;
+    group.k_step = p.len;
+    group.len = p.len;
+    group.mask = p.mask;
+    group.nonempty = p.nonempty;
+    group.merge = p.run > 0;
+    groups.push_back(std::move(group));
+    last = &p;
+  }
+}
+
+c10::intrusive_ptr<FlashPlan> make_plan(const at::Tensor& q, const at::Tensor& k,
+                                        const AttentionSpec& spec, double scale,
+                                        at::ScalarType dtype) {
+  auto plan = c10::make_intrusive<FlashPlan>();
+  plan->scale = scale;
+  const std::int64_t batch = q.size(0);
+  const MaskGeometry whole{batch, q.size(1), q.size(2), k.size(2)};
+  if (spec.masks.size() == 1 && spec.masks[0].kind == MaskKind::causal &&
+      query_offset(spec.masks[0].alignment, whole) == 0) {
+    // Plain top-left causal: one call with the kernel's own causal mask.
+    FlashGroup g;
+    g.nb = batch;
+    g.rows = g.q_step = whole.q_len;
+    g.len = g.k_step = whole.kv_len;
+    g.causal = true;
+    plan->groups.push_back(std::move(g));
+    return plan;
+  }
+  if (positional(spec) || batch == 1) {
+    plan_batches(spec, whole, 0, dtype, plan->groups);
+  } else {
+    for (std::int64_t b = 0; b < batch; ++b) {
+      const MaskGeometry one{1, whole.q_heads, whole.q_len, whole.kv_len};
+      plan_batches(batch_slice(spec, b), one, b, dtype, plan->groups);
+    }
+  }
+  return plan;
+}
+
+// Out and log-sum-exp of every group, written into `out` [B, Hq, Lq, E] and
+// `lse` [B, Hq, Lq] (rows no group reaches stay 0 and -inf).
+void run_plan_forward(const FlashPlan& plan, const at::Tensor& q, const at::Tensor& k,
+                      const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse) {
+  for (const FlashGroup& g : plan.groups) {
+    auto [o, l] = at::_scaled_dot_product_flash_attention_for_cpu(
+        q_view(q, g), k_view(k, g), k_view(v, g), 0.0, g.causal, mask_of(g), plan.scale);
+    if (g.nonempty.defined()) l = l.masked_fill(g.nonempty.logical_not(), kMinusInf);
+    at::Tensor ov = q_view(out, g);
+    at::Tensor lv = q_view_rows(lse, g);
+    if (!g.merge) {
+      ov.copy_(o);
+      lv.copy_(l);
+      continue;
+    }
+    // softmax over the union of two key sets from each set's out and lse.
+    const at::Tensor m = at::maximum(lv, l);
+    const at::Tensor shift = at::where(m.isfinite(), m, at::zeros_like(m));
+    const at::Tensor w_old = (lv - shift).exp();
+    const at::Tensor w_new = (l - shift).exp();
+    const at::Tensor sum = w_old + w_new;
+    const at::Tensor safe = at::where(sum == 0, at::ones_like(sum), sum);
+    ov.copy_((ov * w_old.unsqueeze(-1) + o * w_new.unsqueeze(-1)) / safe.unsqueeze(-1));
+    lv.copy_(sum.log() + shift);
+  }
+}
+
+// The flash route as one autograd node: forward runs the plan; backward runs
+// the kernel's backward per group against the merged out and log-sum-exp
+// (the softmax of a row split across groups is normalised by the whole row),
+// and a second pass for the log-sum-exp's gradient when it has one.
+class FlashBlockSparse : public torch::autograd::Function<FlashBlockSparse> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const at::Tensor& q, const at::Tensor& k,
+                                                const at::Tensor& v,
+                                                const c10::intrusive_ptr<FlashPlan>& plan) {
+    at::Tensor out = at::zeros(q.sizes(), q.options());
+    at::Tensor lse = at::full({q.size(0), q.size(1), q.size(2)}, kMinusInf, q.options());
+    run_plan_forward(*plan, q, k, v, out, lse);
+    // The kernel's backward recomputes exp(s - lse): an empty row needs a
+    // finite lse there (its scores are all -inf, so any value gives 0).
+    const at::Tensor lse_backward = lse.masked_fill(lse.isneginf(), 0.0);
+    ctx->save_for_backward({q, k, v, out, lse_backward});
+    ctx->saved_data["plan"] = c10::IValue::make_capsule(plan);
+    ctx->set_materialize_grads(false);
+    return {out, lse};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& q = saved[0];
+    const at::Tensor& k = saved[1];
+    const at::Tensor& v = saved[2];
+    const at::Tensor& out = saved[3];
+    const at::Tensor& lse = saved[4];
+    const auto plan =
+        c10::static_intrusive_pointer_cast<FlashPlan>(ctx->saved_data["plan"].toCapsule());
+    at::Tensor dq = at::zeros_like(q);
+    at::Tensor dk = at::zeros_like(k);
+    at::Tensor dv = at::zeros_like(v);
+    const auto pass = [&](const at::Tensor& d_out, const at::Tensor& values,
+                          const at::Tensor& outputs, bool value_gradient) {
+      for (const FlashGroup& g : plan->groups) {
+        const auto [gq, gk, gv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+            q_view(d_out, g), q_view(q, g), k_view(k, g), k_view(values, g), q_view(outputs, g),
+            q_view_rows(lse, g), 0.0, g.causal, mask_of(g), plan->scale);
+        q_view(dq, g).add_(gq);
+        add_key_gradient(dk, g, gk);
+        if (value_gradient) add_key_gradient(dv, g, gv);
+      }
+    };
+    if (grads[0].defined()) pass(grads[0].contiguous(), v, out, true);
+    if (grads.size() > 1 && grads[1].defined()) {
+      // d lse / d s = softmax: the kernel's backward with values 0, and an
+      // output and upstream gradient whose row dot product is -grad_lse,
+      // gives dS = P * grad_lse, hence the lse's share of dq and dk.
+      at::Tensor d_out = at::zeros_like(q);
+      d_out.select(-1, 0).copy_(-grads[1]);
+      at::Tensor ones = at::zeros_like(q);
+      ones.select(-1, 0).fill_(1.0);
+      pass(d_out, at::zeros_like(v), ones, false);
+    }
+    return {dq, dk, dv, at::Tensor()};
+  }
+};
+
+BlockSparseResult flash_block_attention(const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& v, const AttentionSpec& spec,
+                                        double scale) {
+  const at::ScalarType acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const std::int64_t q_heads = q.size(1);
+  const at::Tensor qf = q.to(acc).contiguous();
+  const at::Tensor kf = expand_heads(k.to(acc), q_heads).contiguous();
+  const at::Tensor vf = expand_heads(v.to(acc), q_heads).contiguous();
+  const c10::intrusive_ptr<FlashPlan> plan = make_plan(q, k, spec, scale, acc);
+  const auto outputs = FlashBlockSparse::apply(qf, kf, vf, plan);
+  BlockSparseResult result;
+  result.out = outputs[0].to(q.scalar_type());
+  result.lse = outputs[1];
+  double computed = 0;
+  for (const FlashGroup& g : plan->groups) {
+    const double keys =
+        g.causal ? 0.5 * static_cast<double>(g.len + 1) : static_cast<double>(g.len);
+    computed += static_cast<double>(g.nb * g.count * g.rows) * keys;
+  }
+  result.visible_fraction = computed / static_cast<double>(q.size(0) * q.size(2) * k.size(2));
+  result.kernel_calls = static_cast<std::int64_t>(plan->groups.size());
+  return result;
+}
+
+// The flash kernel serves CPU calls whose scores have no modifier (the kernel
+// adds only a mask) and whose values have the head dim of the keys.
+bool flash_serves(const at::Tensor& q, const at::Tensor& v, const AttentionSpec& spec) {
+  return q.device().is_cpu() && v.size(3) == q.size(3) && spec.softcap == 0 &&
+         !spec.alibi_slopes.defined() && !spec.bias.defined();
+}
+
+}  // namespace
+
+BlockSparseResult block_sparse_attention(const at::Tensor& q, const at::Tensor& k,
+                                         const at::Tensor& v, const AttentionSpec& spec,
+                                         double scale) {
+  if (q.size(2) == 0 || k.size(2) == 0 || !flash_serves(q, v, spec)) {
+    BlockSparseResult r = tile_loop_attention(q, k, v, spec, scale);
+    r.kernel_calls = -1;
+    return r;
+  }
+  return flash_block_attention(q, k, v, spec, scale);
 }
 
 }  // namespace keel::compat

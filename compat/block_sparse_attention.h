@@ -1,9 +1,16 @@
-// keel's block-sparse attention on long-stable ATen ops. Queries are tiled
-// into blocks; for each query block the key blocks are classified as empty
-// (skipped), full (no masking) or partial (the element mask applies), and
-// only the visible key blocks are multiplied, so the cost follows the
-// fraction of visible blocks. Differentiable by construction: autograd runs
-// through the tile loop.
+// keel's block-sparse attention. Queries are tiled into blocks; for each
+// query block the key blocks are classified as empty (skipped), full (no
+// masking) or partial (the element mask applies), from the mask spec itself,
+// so the cost follows the fraction of visible blocks.
+//
+// On the CPU, without score modifiers, each contiguous range of visible key
+// blocks is one call of libtorch's flash kernel
+// (at::_scaled_dot_product_flash_attention_for_cpu, in 2.9 and 2.13 alike)
+// over views of q, k and v; evenly spaced query blocks with the same range
+// shape and mask are batched into one call; ranges that are not contiguous
+// are merged by log-sum-exp. It is one autograd node whose backward calls the
+// kernel's backward per call. Elsewhere a tile loop on plain ATen ops runs,
+// differentiable through autograd.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +26,9 @@ struct BlockSparseResult {
   at::Tensor lse;  // [B, Hq, Lq], float32 (float64 for float64 input)
   // Blocks multiplied / blocks of the dense problem, over (query, key) block pairs.
   double visible_fraction = 1.0;
+  // Calls of libtorch's CPU flash kernel, or -1 when the tile loop on plain
+  // ATen ops ran (score modifiers, another device, Ev != E).
+  std::int64_t kernel_calls = -1;
 };
 
 // q, k, v and spec as keel::attention validated them; `scale` resolved.

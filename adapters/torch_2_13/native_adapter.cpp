@@ -10,8 +10,8 @@
 #include "dispatch/logsumexp.h"
 #include "masked_logsumexp.h"
 #include "torch_2_13/comm.h"
+#include "torch_2_9/attention.h"
 #include "torch_2_9/comm.h"
-#include "torch_2_9/compat_adapter.h"
 
 // torch/headeronly/version.h is new in 2.13 (the macros moved there); CMake
 // compiles this adapter only for >= 2.13, and this says so where it matters.

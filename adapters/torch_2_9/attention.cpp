@@ -35,9 +35,45 @@ internal::AttentionResult compat_attention_route(const internal::AttentionCall& 
       compat::block_sparse_attention(call.q, call.k, call.v, call.spec, call.scale);
   r.out = std::move(b.out);
   if (call.spec.return_lse) r.lse = std::move(b.lse);
-  r.path = absl::StrCat("ran compat::block_sparse_attention, not SDPA, because ", refusal,
-                        " (visible blocks: ", b.visible_fraction, ")");
+  const std::string engine =
+      b.kernel_calls < 0
+          ? std::string("its tile loop on ATen ops")
+          : absl::StrCat(b.kernel_calls,
+                         " call(s) of at::_scaled_dot_product_flash_attention_for_cpu");
+  r.path = absl::StrCat("ran compat::block_sparse_attention (", engine, "), not SDPA, because ",
+                        refusal, " (fraction of scores computed: ", b.visible_fraction, ")");
   return r;
+}
+
+CapabilityInfo attention_capability() {
+  CapabilityInfo c;
+  c.operation = "attention";
+  c.dtypes = {"float16", "bfloat16", "float32", "float64"};
+  c.devices = {"cpu", "cuda"};
+  c.features = {"causal (top-left, bottom-right)",
+                "sliding window",
+                "chunked causal",
+                "prefix-LM",
+                "document ids",
+                "key padding",
+                "block mask",
+                "boolean mask",
+                "and/or composition",
+                "scale",
+                "softcap",
+                "ALiBi",
+                "bias",
+                "GQA/MQA",
+                "log-sum-exp",
+                "autograd"};
+  c.implementation =
+      "at::scaled_dot_product_attention for dense calls it computes exactly (no mask, causal, a "
+      "boolean mask without empty rows, a finite bias without gradient; no softcap or lse); "
+      "compat::block_sparse_attention otherwise: blocks of 128 classified from the mask spec, "
+      "one call of at::_scaled_dot_product_flash_attention_for_cpu per contiguous range of "
+      "visible key blocks (batched across query blocks; CPU, no score modifier, Ev == E), "
+      "else a tile loop on plain ATen ops";
+  return c;
 }
 
 const internal::AttentionKernel& compat_attention_kernel() {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "dispatch/attention.h"
+#include "keel/v1/build_info.h"
 
 namespace keel::adapters {
 
@@ -11,5 +12,8 @@ namespace keel::adapters {
 internal::AttentionResult compat_attention_route(const internal::AttentionCall& call);
 
 const internal::AttentionKernel& compat_attention_kernel();
+
+// What the compat attention route serves; the native adapter shares it.
+CapabilityInfo attention_capability();
 
 }  // namespace keel::adapters

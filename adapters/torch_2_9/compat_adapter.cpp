@@ -60,34 +60,6 @@ class CompatAdapter final : public internal::Adapter {
 
 }  // namespace
 
-CapabilityInfo attention_capability() {
-  CapabilityInfo c;
-  c.operation = "attention";
-  c.dtypes = {"float16", "bfloat16", "float32", "float64"};
-  c.devices = {"cpu", "cuda"};
-  c.features = {"causal (top-left, bottom-right)",
-                "sliding window",
-                "chunked causal",
-                "prefix-LM",
-                "document ids",
-                "key padding",
-                "block mask",
-                "boolean mask",
-                "and/or composition",
-                "scale",
-                "softcap",
-                "ALiBi",
-                "bias",
-                "GQA/MQA",
-                "log-sum-exp",
-                "autograd"};
-  c.implementation =
-      "at::scaled_dot_product_attention for dense calls it computes exactly (no mask, causal, a "
-      "boolean mask without empty rows, a finite bias without gradient; no softcap or lse); "
-      "compat::block_sparse_attention (tiles of 128, fully masked key blocks skipped) otherwise";
-  return c;
-}
-
 std::unique_ptr<internal::Adapter> make_compat_adapter() {
   return std::make_unique<CompatAdapter>();
 }

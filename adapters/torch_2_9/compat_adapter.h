@@ -11,7 +11,4 @@ namespace keel::adapters {
 
 std::unique_ptr<internal::Adapter> make_compat_adapter();
 
-// What the compat attention route serves; the native adapter shares it.
-CapabilityInfo attention_capability();
-
 }  // namespace keel::adapters

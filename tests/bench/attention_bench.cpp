@@ -1,7 +1,8 @@
 // keel's block-sparse attention against at::scaled_dot_product_attention
 // with the equivalent dense mask, on the CPU in float32, one thread. Prints, after the
-// table, the ratios of medians measured in this one run:
-//   build/torch-2.13/tests/attention_bench
+// table, the ratios of medians measured in this one run. Interleave the
+// contenders' repetitions, so that a neighbour's load falls on both:
+//   build/torch-2.13/tests/keel_attention_bench --benchmark_enable_random_interleaving=true
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -16,7 +17,7 @@
 namespace {
 
 constexpr std::int64_t kLength = 4096;
-constexpr std::int64_t kHeads = 4;
+constexpr std::int64_t kHeads = 8;
 constexpr std::int64_t kDim = 64;
 
 struct Inputs {
@@ -101,7 +102,7 @@ void register_all() {
   const auto reg = [](const std::string& name, auto fn) {
     benchmark::RegisterBenchmark(name.c_str(), fn)
         ->Unit(benchmark::kMillisecond)
-        ->Repetitions(3)
+        ->Repetitions(5)
         ->ReportAggregatesOnly(true)
         ->MinTime(0.2);
   };
@@ -124,10 +125,20 @@ void register_all() {
   reg("document8x512/sdpa_dense_mask", [](benchmark::State& s) {
     run_sdpa(s, dense_document_mask(), false, kHeads, kLength, false);
   });
+  reg("window256_lse/keel", [](benchmark::State& s) {
+    keel::AttentionSpec spec = window_spec(256);
+    spec.return_lse = true;
+    run_keel(s, spec, kHeads, kLength, false);
+  });
   reg("window256_fwd_bwd/keel",
       [](benchmark::State& s) { run_keel(s, window_spec(256), kHeads, kLength, true); });
   reg("window256_fwd_bwd/sdpa_dense_mask", [](benchmark::State& s) {
     run_sdpa(s, dense_window_mask(256), false, kHeads, kLength, true);
+  });
+  reg("document8x512_fwd_bwd/keel",
+      [](benchmark::State& s) { run_keel(s, document_spec(), kHeads, kLength, true); });
+  reg("document8x512_fwd_bwd/sdpa_dense_mask", [](benchmark::State& s) {
+    run_sdpa(s, dense_document_mask(), false, kHeads, kLength, true);
   });
   for (std::int64_t w : {128, 512, 1024, 2048}) {
     reg("sweep/keel_window" + std::to_string(w),
@@ -170,8 +181,12 @@ int main(int argc, char** argv) {
   ratio("window 256: keel / sdpa is_causal", "window256/keel", "window256/sdpa_is_causal");
   ratio("documents 8x512: keel / sdpa dense mask", "document8x512/keel",
         "document8x512/sdpa_dense_mask");
+  ratio("window 256 with lse: keel / sdpa dense mask", "window256_lse/keel",
+        "window256/sdpa_dense_mask");
   ratio("window 256 fwd+bwd: keel / sdpa dense mask", "window256_fwd_bwd/keel",
         "window256_fwd_bwd/sdpa_dense_mask");
+  ratio("documents 8x512 fwd+bwd: keel / sdpa dense mask", "document8x512_fwd_bwd/keel",
+        "document8x512_fwd_bwd/sdpa_dense_mask");
   const std::string dense = "window256/sdpa_dense_mask";
   for (std::int64_t w : {128, 256, 512, 1024, 2048}) {
     const std::string name = w == 256 ? "window256/keel" : "sweep/keel_window" + std::to_string(w);

@@ -488,6 +488,57 @@ TEST_P(AttentionConformance, FiniteDifferencesAgreeWithAutogradInDouble) {
   }
 }
 
+// Long enough for the flash route's batching: several query blocks of 128
+// share one kernel call through overlapping key ranges (window), ranges
+// differ per batch (documents), ranges with gaps merge by log-sum-exp (block
+// mask), and query blocks with one range merge into one call (padding). The
+// out, the lse and the gradients of q, k and v through both are checked.
+TEST_P(AttentionConformance, BatchedFlashCallsMatchReferenceWithLseGradients) {
+  Shape s{2, 4, 2, 700, 700, 32, 32};
+  const at::Tensor ids0 = at::arange(s.Lq, at::kLong).floor_divide(256);
+  const at::Tensor ids1 = at::arange(s.Lq, at::kLong).floor_divide(90);
+  const at::Tensor ids = at::stack({ids0, ids1});
+  const std::vector<std::pair<const char*, AttentionSpec>> cases = {
+      {"window", with_masks({Mask::sliding_window(200, 0)})},
+      {"two-sided window", with_masks({Mask::sliding_window(130, 60)})},
+      {"chunked", with_masks({Mask::chunked_causal(256)})},
+      {"documents per batch", with_masks({Mask::document(ids, ids)})},
+      {"causal and documents", with_masks({Mask::causal(), Mask::document(ids, ids)})},
+      {"key padding", with_masks({Mask::key_padding(at::tensor({700, 333}, at::kLong))})},
+      {"block mask with gaps", with_masks({Mask::block_mask(random_block_mask(s, 128, true))})},
+      {"no mask", AttentionSpec{}},
+      {"causal", with_masks({Mask::causal()})}};
+  for (const auto& [name, base] : cases) {
+    SCOPED_TRACE(name);
+    Qkv x = make_qkv(s);
+    AttentionSpec spec = base;
+    spec.return_lse = true;
+    std::vector<at::Tensor> inputs = {x.q.requires_grad_(true), x.k.requires_grad_(true),
+                                      x.v.requires_grad_(true)};
+    const AttentionOutput got = run(x, spec);
+    if (!got.out.defined()) continue;
+    expect_within_rule(x, spec, got, 1e-6);
+    EXPECT_NE(got.dispatch.reason.find("_scaled_dot_product_flash_attention_for_cpu"),
+              std::string::npos)
+        << got.dispatch.reason;
+    const at::Tensor up = at::randn(got.out.sizes(), at::kDouble);
+    const at::Tensor up_lse = at::randn({s.B, s.Hq, s.Lq}, at::kDouble);
+    const auto loss_of = [&](const at::Tensor& out, const at::Tensor& lse) {
+      return (out.to(at::kDouble) * up).sum() +
+             (lse.to(at::kDouble).masked_fill(lse.isinf(), 0) * up_lse).sum();
+    };
+    const auto g = torch::autograd::grad({loss_of(got.out, got.lse)}, inputs);
+    const auto [ro, rl] = reference::attention(x.q, x.k, x.v, spec);
+    const auto rg = torch::autograd::grad({loss_of(ro, rl)}, inputs);
+    for (std::size_t n = 0; n < g.size(); ++n) {
+      SCOPED_TRACE(n);
+      EXPECT_FALSE(g[n].isnan().any().item<bool>());
+      const double scale = std::max(1.0, rg[n].abs().max().item<double>());
+      EXPECT_LE(max_error(g[n], rg[n]), 1e-4 * scale);
+    }
+  }
+}
+
 TEST_P(AttentionConformance, DispatchInfoNamesThePath) {
   const Shape s;
   const Qkv x = make_qkv(s);
