@@ -21,6 +21,9 @@ using torch::autograd::variable_list;
 // tokens instead.
 constexpr std::int64_t kMinRowsPerChunk = 32;
 constexpr std::int64_t kRowsPerVocabBlock = 512;
+// At most this many rows per automatic chunk, even when a small vocabulary
+// would allow more: larger chunks gain nothing once the GEMMs are large.
+constexpr std::int64_t kMaxRowsPerChunk = 1024;
 
 // Which inputs want a gradient, decided before autograd's forward (where
 // grad mode is off).
@@ -297,7 +300,9 @@ void fold_gradient(Grads* grads, const at::Tensor& g, const Problem& p, const Wo
     }
   }
   if (wants.weight) {
-    grads->weight.narrow(0, v0, v).addmm_(g.t(), h.scalar_type() == p.acc ? h : h.to(p.acc));
+    const at::Tensor h_acc = h.scalar_type() == p.acc ? h : h.to(p.acc);
+    at::Tensor dw = grads->weight.narrow(0, v0, v);
+    dw.addmm_(g.t(), h_acc);
   }
   if (wants.bias) grads->bias.narrow(0, v0, v).add_(g.sum(0));
 }
@@ -610,12 +615,13 @@ ChunkPlan plan_chunks(std::int64_t n_tokens, std::int64_t vocab, at::ScalarType 
     return plan;
   }
   if (config.vocab_chunk_size > 0) {
-    plan.tokens = std::clamp<std::int64_t>(budget / (plan.vocab * bytes), 1, tokens_max);
+    plan.tokens = std::clamp<std::int64_t>(budget / (plan.vocab * bytes), 1,
+                                           std::min(tokens_max, kMaxRowsPerChunk));
     return plan;
   }
   const std::int64_t rows = budget / (vocab * bytes);
   if (rows >= std::min(kMinRowsPerChunk, tokens_max)) {
-    plan.tokens = std::min(rows, tokens_max);
+    plan.tokens = std::min({rows, tokens_max, kMaxRowsPerChunk});
     return plan;
   }
   plan.tokens = std::min(kRowsPerVocabBlock, tokens_max);

@@ -90,6 +90,7 @@ double median(std::vector<double> x) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines show up as they come, even in a file
   Size size{4096, 1024, 32768};
   int rounds = 7;
   std::int64_t budget = 0;
@@ -103,7 +104,7 @@ int main(int argc, char** argv) {
     } else if (arg == "--size=small") {
       size = {512, 256, 8192};
     } else if (arg.rfind("--rounds=", 0) == 0) {
-      rounds = std::max(1, std::atoi(arg.c_str() + 9));
+      rounds = std::max(0, std::atoi(arg.c_str() + 9));
     } else if (arg.rfind("--only=", 0) == 0) {
       only = arg.substr(7);
     } else if (arg.rfind("--budget=", 0) == 0) {
@@ -166,9 +167,9 @@ int main(int argc, char** argv) {
       for (int r = 0; r < rounds; ++r) {
         const auto t0 = std::chrono::steady_clock::now();
         c.step(in);
-        std::printf("%s %.1f ms\n", c.name.c_str(),
-                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() *
-                        1e3);
+        std::printf(
+            "%s %.1f ms\n", c.name.c_str(),
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * 1e3);
         clear();
       }
       return 0;
@@ -189,6 +190,21 @@ int main(int argc, char** argv) {
     }
     clear();
     c.peak_bytes = tracker->peak();
+    std::printf("  %-18s peak %10.1f MiB\n", c.name.c_str(), c.peak_bytes / (1 << 20));
+  }
+  const double dx_dw = 4.0 * (n * d + v * d);
+  const auto memory_ratios = [&] {
+    const double keel = contenders[1].peak_bytes;
+    const double naive = contenders[0].peak_bytes;
+    std::printf("  fwd+bwd peak memory      keel/naive       = %.4f  (target <= 0.10)\n",
+                keel / naive);
+    std::printf(
+        "  beyond dX+dW             keel/naive       = %.4f  (target <= 0.05; %.1f / %.1f MiB)\n",
+        (keel - dx_dw) / (naive - dx_dw), (keel - dx_dw) / (1 << 20), (naive - dx_dw) / (1 << 20));
+  };
+  if (rounds == 0) {  // --rounds=0: memory only
+    memory_ratios();
+    return 0;
   }
   for (int r = 0; r < rounds; ++r) {
     for (size_t k = 0; k < contenders.size(); ++k) {
@@ -221,16 +237,8 @@ int main(int argc, char** argv) {
     for (size_t r = 0; r < x.seconds.size(); ++r) ratios.push_back(x.seconds[r] / y.seconds[r]);
     return median(ratios);
   };
-  const double dx_dw = 4.0 * (n * d + v * d);
-  const double keel_peak = find("keel_fwd_bwd").peak_bytes;
-  const double naive_peak = find("naive_fwd_bwd").peak_bytes;
   std::printf("ratios (time: median of per-round ratios; memory: peak c10 bytes)\n");
-  std::printf("  fwd+bwd peak memory      keel/naive       = %.4f  (target <= 0.10)\n",
-              keel_peak / naive_peak);
-  std::printf(
-      "  beyond dX+dW             keel/naive       = %.4f  (target <= 0.05; %.1f / %.1f MiB)\n",
-      (keel_peak - dx_dw) / (naive_peak - dx_dw), (keel_peak - dx_dw) / (1 << 20),
-      (naive_peak - dx_dw) / (1 << 20));
+  memory_ratios();
   std::printf("  fwd+bwd time             keel/naive       = %.3f  (target <= 1.10)\n",
               time_ratio("keel_fwd_bwd", "naive_fwd_bwd"));
   std::printf("  no_grad forward time     keel/naive       = %.3f  (target <= 1.05)\n",
