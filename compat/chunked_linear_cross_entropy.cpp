@@ -14,6 +14,17 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// Below this many whole rows per chunk, the rank-`rows` update of
+// grad_weight made by every chunk becomes bound by memory bandwidth (it
+// reads and writes all of grad_weight for 2 * rows flops per element), so
+// the automatic plan switches to vocabulary blocks of kRowsPerVocabBlock
+// tokens instead.
+constexpr std::int64_t kMinRowsPerChunk = 32;
+constexpr std::int64_t kRowsPerVocabBlock = 512;
+// At most this many rows per automatic chunk, even when a small vocabulary
+// would allow more: larger chunks gain nothing once the GEMMs are large.
+constexpr std::int64_t kMaxRowsPerChunk = 1024;
+
 // Which inputs want a gradient, decided before autograd's forward (where
 // grad mode is off).
 struct Wants {
@@ -24,8 +35,8 @@ struct Wants {
 };
 
 // Gradient buffers: grad_hidden in hidden's dtype (each row is written by
-// exactly one chunk), grad_weight and grad_bias in the accumulation dtype
-// (float32 for half types), summed over the chunks.
+// exactly one chunk), grad_weight and grad_bias in the accumulation dtype,
+// summed over the chunks.
 struct Grads {
   at::Tensor hidden;
   at::Tensor weight;
@@ -33,113 +44,380 @@ struct Grads {
 };
 
 struct Problem {
-  const at::Tensor& hidden;
-  const at::Tensor& weight;
-  const at::Tensor& bias;
-  const at::Tensor& target;
+  at::Tensor hidden;
+  at::Tensor weight;
+  at::Tensor bias;
+  at::Tensor target;
   at::Tensor class_weights;  // detached, accumulation dtype, or undefined
   double class_weight_sum = 0.0;
   at::ScalarType acc = at::kFloat;
+  ChunkPlan plan;
 };
 
+std::int64_t element_size(at::ScalarType t) {
+  return static_cast<std::int64_t>(c10::elementSize(t));
+}
+
+// Bytes of working set per element of a [tokens, vocab] block: the block
+// itself in the accumulation dtype, a second one when the loss needs the
+// logits next to their exponentials (weighted smoothing; soft-capping with
+// a gradient), and one in the input dtype when that differs (the GEMM's
+// output before the upcast, then the logit gradient for the dX GEMM).
+std::int64_t bytes_per_element(at::ScalarType input, at::ScalarType acc,
+                               const LinearCrossEntropyConfig& config, bool class_weights,
+                               bool grad) {
+  std::int64_t bytes = element_size(acc);
+  if ((config.label_smoothing > 0 && class_weights) || (config.logit_softcap > 0 && grad)) {
+    bytes += element_size(acc);
+  }
+  if (input != acc) bytes += element_size(input);
+  return bytes;
+}
+
+bool needs_scratch(const LinearCrossEntropyConfig& config, bool class_weights, bool grad) {
+  return (config.label_smoothing > 0 && class_weights) || (config.logit_softcap > 0 && grad);
+}
+
+// Sums a 1-D tensor in an order that does not depend on the thread count:
+// ATen splits a full reduction (one output) across threads once it has
+// 32768 elements, so large inputs are first summed row by row (each row by
+// one thread) in rows shorter than that.
+at::Tensor ordered_sum(at::Tensor x) {
+  constexpr std::int64_t kRow = 4096;
+  while (x.numel() > kRow) {
+    const std::int64_t rows = (x.numel() + kRow - 1) / kRow;
+    x = at::constant_pad_nd(x, {0, rows * kRow - x.numel()}).view({rows, kRow}).sum(1);
+  }
+  return x.sum();
+}
+
+// Row sums of a [n, V] block, keepdim, independent of the thread count
+// (see ordered_sum: a single row is one output).
+at::Tensor row_sum(const at::Tensor& block) {
+  if (block.size(0) > 1) return block.sum(1, /*keepdim=*/true);
+  return ordered_sum(block.view({-1})).view({1, 1});
+}
+
 Problem make_problem(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
-                     const at::Tensor& target, const at::Tensor& class_weights) {
-  Problem p{hidden,
-            weight,
-            bias,
-            target,
-            {},
-            0.0,
-            hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat};
+                     const at::Tensor& target, const at::Tensor& class_weights,
+                     const LinearCrossEntropyConfig& config, bool grad) {
+  Problem p;
+  p.hidden = hidden;
+  p.weight = weight;
+  p.bias = bias;
+  p.target = target;
+  p.acc = accumulation_dtype(hidden.scalar_type(), config);
   if (class_weights.defined()) {
     p.class_weights = class_weights.detach().to(p.acc).contiguous();
-    p.class_weight_sum = p.class_weights.sum().item<double>();
+    p.class_weight_sum = ordered_sum(p.class_weights).item<double>();
   }
+  p.plan = plan_chunks(hidden.size(0), weight.size(0), hidden.scalar_type(), config,
+                       class_weights.defined(), grad);
   return p;
 }
 
-// One pass over the token chunks. Writes the per-token loss and lse when
-// asked (non-null), and, when `grads` is non-null, adds each token's logit
-// gradient times token_scale[i] (0 for ignored tokens) into the buffers.
-//
+// Preallocated blocks, reused by every chunk: `block` in the accumulation
+// dtype, `scratch` beside it when needed, `narrow` in the input dtype when
+// that differs from the accumulation dtype.
+class Workspace {
+ public:
+  Workspace(const Problem& p, const LinearCrossEntropyConfig& config, bool grad) {
+    const std::int64_t elements = p.plan.tokens * p.plan.vocab;
+    const auto options = p.hidden.options();
+    block_ = at::empty({elements}, options.dtype(p.acc));
+    if (needs_scratch(config, p.class_weights.defined(), grad)) {
+      scratch_ = at::empty({elements}, options.dtype(p.acc));
+    }
+    if (p.hidden.scalar_type() != p.acc) {
+      narrow_ = at::empty({elements}, options.dtype(p.hidden.scalar_type()));
+    }
+  }
+  at::Tensor block(std::int64_t n, std::int64_t v) const { return view(block_, n, v); }
+  at::Tensor scratch(std::int64_t n, std::int64_t v) const { return view(scratch_, n, v); }
+  at::Tensor narrow(std::int64_t n, std::int64_t v) const { return view(narrow_, n, v); }
+
+ private:
+  static at::Tensor view(const at::Tensor& flat, std::int64_t n, std::int64_t v) {
+    return flat.narrow(0, 0, n * v).view({n, v});
+  }
+  at::Tensor block_;
+  at::Tensor scratch_;
+  at::Tensor narrow_;
+};
+
+// Writes the (soft-capped) logits of classes [v0, v0 + out.size(1)) of the
+// tokens `h` into `out`. PyTorch's semantics are F.linear(...).float(): the
+// GEMM in the input dtype, then the loss in the accumulation dtype.
+void logits_into(const at::Tensor& out, const Problem& p, const Workspace& ws, const at::Tensor& h,
+                 std::int64_t v0, const LinearCrossEntropyConfig& config) {
+  const std::int64_t n = out.size(0);
+  const std::int64_t v = out.size(1);
+  const at::Tensor w = p.weight.narrow(0, v0, v);
+  at::Tensor gemm_out = p.hidden.scalar_type() == p.acc ? out : ws.narrow(n, v);
+  if (p.bias.defined()) {
+    at::addmm_out(gemm_out, p.bias.narrow(0, v0, v), h, w.t());
+  } else {
+    at::mm_out(gemm_out, h, w.t());
+  }
+  if (!gemm_out.is_same(out)) out.copy_(gemm_out);
+  const double cap = config.logit_softcap;
+  if (cap > 0) out.div_(cap).tanh_().mul_(cap);
+}
+
+// The per-token quantities of one chunk: the target's logit, the
+// class-weighted logit sum smoothing needs, and (written by the caller) lse.
+struct TokenTerms {
+  at::Tensor target_logit;  // [n]
+  at::Tensor smooth_dot;    // [n], sum_c w[c] l[c]; undefined without smoothing
+};
+
+// Adds into `terms` what block `b` (classes [v0, v0 + b.size(1))) holds of
+// the target logits and of the smoothing sum. `scratch` is a block-sized
+// buffer for the weighted sum, or undefined when there are no weights.
+void collect_terms(TokenTerms* terms, const at::Tensor& b, const at::Tensor& y_safe,
+                   std::int64_t v0, const Problem& p, const LinearCrossEntropyConfig& config,
+                   const at::Tensor& scratch) {
+  const std::int64_t v = b.size(1);
+  if (v0 == 0 && v == p.weight.size(0)) {
+    terms->target_logit = b.gather(1, y_safe.unsqueeze(1)).squeeze(1);
+  } else {
+    const at::Tensor inside = y_safe.ge(v0).logical_and_(y_safe.lt(v0 + v));
+    const at::Tensor local = (y_safe - v0).clamp_(0, v - 1).unsqueeze(1);
+    const at::Tensor picked = b.gather(1, local).squeeze(1).masked_fill_(inside.logical_not(), 0);
+    terms->target_logit.add_(picked);
+  }
+  if (config.label_smoothing > 0) {
+    at::Tensor dot;
+    if (p.class_weights.defined()) {
+      at::Tensor weighted = scratch;
+      at::mul_out(weighted, b, p.class_weights.narrow(0, v0, v));
+      dot = row_sum(weighted).squeeze(1);
+    } else {
+      dot = row_sum(b).squeeze(1);
+    }
+    terms->smooth_dot.add_(dot);
+  }
+}
+
 // Token i's loss, with w the class weights (1 when none), s the smoothing,
 // l the (soft-capped) logits and lse their log-sum-exp:
-//   (1 - s) w[y] (lse - l[y]) + (s / V) sum_c w[c] (lse - l[c]) + z lse^2,
-// so d loss / d l = p * ((1 - s) w[y] + (s / V) sum(w) + 2 z lse)
-//                   - (1 - s) w[y] onehot(y) - (s / V) w,
-// times 1 - (l / c)^2 through the soft-cap c * tanh(. / c).
-void run_chunks(const Problem& p, const LinearCrossEntropyConfig& config,
-                const at::Tensor& token_scale, at::Tensor* per_token, at::Tensor* lse, Grads* grads,
-                const Wants& wants) {
+//   (1 - s) w[y] (lse - l[y]) + (s / V) sum_c w[c] (lse - l[c]) + z lse^2.
+at::Tensor per_token_loss(const at::Tensor& lse, const TokenTerms& terms, const at::Tensor& w_y,
+                          const at::Tensor& ignored, const Problem& p,
+                          const LinearCrossEntropyConfig& config) {
+  const double s = config.label_smoothing;
+  const auto vocab = static_cast<double>(p.weight.size(0));
+  at::Tensor loss = lse - terms.target_logit;
+  if (w_y.defined()) loss.mul_(w_y);
+  if (s > 0) {
+    const double mass = p.class_weights.defined() ? p.class_weight_sum : vocab;
+    const at::Tensor smooth = (lse * mass).sub_(terms.smooth_dot);
+    loss.mul_(1.0 - s).add_(smooth, s / vocab);
+  }
+  if (config.z_loss > 0) loss.add_(lse.square(), config.z_loss);
+  return loss.masked_fill_(ignored, 0.0);
+}
+
+// The gradient factors of token i, already multiplied by its scale t_i (0
+// for ignored tokens): d loss / d l = p * coef - hit * onehot(y) - t (s / V) w,
+// with coef = t ((1 - s) w[y] + (s / V) sum(w) + 2 z lse) and
+// hit = t (1 - s) w[y], times 1 - (l / c)^2 through the soft-cap.
+struct GradFactors {
+  at::Tensor coef;  // [n]
+  at::Tensor hit;   // [n]
+  at::Tensor tok;   // [n]
+};
+
+GradFactors grad_factors(const at::Tensor& lse, const at::Tensor& w_y, const at::Tensor& tok,
+                         const Problem& p, const LinearCrossEntropyConfig& config) {
+  const double s = config.label_smoothing;
+  const auto vocab = static_cast<double>(p.weight.size(0));
+  const double smooth_mass = s / vocab * (p.class_weights.defined() ? p.class_weight_sum : vocab);
+  at::Tensor coef = w_y.defined() ? w_y * (1.0 - s) : at::full_like(lse, 1.0 - s);
+  at::Tensor hit = coef * tok;
+  coef.add_(smooth_mass);
+  if (config.z_loss > 0) coef.add_(lse, 2.0 * config.z_loss);
+  coef.mul_(tok);
+  return {coef, hit, tok};
+}
+
+// Turns block `g`, holding p * coef for classes [v0, v0 + g.size(1)), into
+// the logit gradient; `deriv` holds 1 - (l / c)^2 when soft-capping.
+void finish_logit_gradient(const at::Tensor& g, const GradFactors& f, const at::Tensor& y_safe,
+                           std::int64_t v0, const Problem& p,
+                           const LinearCrossEntropyConfig& config, const at::Tensor& deriv) {
+  const std::int64_t v = g.size(1);
+  const double s = config.label_smoothing;
+  const auto vocab = static_cast<double>(p.weight.size(0));
+  if (v0 == 0 && v == p.weight.size(0)) {
+    g.scatter_add_(1, y_safe.unsqueeze(1), f.hit.neg().unsqueeze(1));
+  } else {
+    const at::Tensor inside = y_safe.ge(v0).logical_and_(y_safe.lt(v0 + v));
+    const at::Tensor local = (y_safe - v0).clamp_(0, v - 1).unsqueeze(1);
+    g.scatter_add_(1, local, f.hit.neg().masked_fill_(inside.logical_not(), 0).unsqueeze(1));
+  }
+  if (s > 0) {
+    if (p.class_weights.defined()) {
+      g.addr_(f.tok, p.class_weights.narrow(0, v0, v), 1.0, -s / vocab);
+    } else {
+      g.sub_((f.tok * (s / vocab)).unsqueeze(1));
+    }
+  }
+  if (deriv.defined()) g.mul_(deriv);
+}
+
+// 1 - (l / c)^2 of the capped logits in `b`, into `out`.
+void softcap_derivative(at::Tensor out, const at::Tensor& b, double cap) {
+  at::mul_out(out, b, b);
+  out.mul_(-1.0 / (cap * cap)).add_(1.0);
+}
+
+// Folds the logit gradient `g` of tokens [start, start + n) and classes
+// [v0, v0 + g.size(1)) into the gradient buffers. `dx_acc` is the chunk's
+// accumulation-dtype grad_hidden when it spans several vocabulary blocks
+// and the input dtype is narrower; undefined otherwise.
+void fold_gradient(Grads* grads, const at::Tensor& g, const Problem& p, const Workspace& ws,
+                   const at::Tensor& h, std::int64_t start, std::int64_t v0, bool first_block,
+                   const at::Tensor& dx_acc, const Wants& wants) {
+  const std::int64_t n = g.size(0);
+  const std::int64_t v = g.size(1);
+  const at::Tensor w = p.weight.narrow(0, v0, v);
+  if (wants.hidden) {
+    at::Tensor g_in = g;
+    if (g.scalar_type() != p.weight.scalar_type()) {
+      g_in = ws.narrow(n, v);
+      g_in.copy_(g);
+    }
+    if (dx_acc.defined()) {
+      dx_acc.add_(at::mm(g_in, w));
+    } else {
+      at::Tensor rows = grads->hidden.narrow(0, start, n);
+      if (first_block) {
+        at::mm_out(rows, g_in, w);
+      } else {
+        rows.addmm_(g_in, w);
+      }
+    }
+  }
+  if (wants.weight) {
+    const at::Tensor h_acc = h.scalar_type() == p.acc ? h : h.to(p.acc);
+    at::Tensor dw = grads->weight.narrow(0, v0, v);
+    dw.addmm_(g.t(), h_acc);
+  }
+  if (wants.bias) grads->bias.narrow(0, v0, v).add_(g.sum(0));
+}
+
+// One pass over the token chunks, whole rows or vocabulary blocks. Writes
+// the per-token loss and lse when asked (non-null). When `grads` is
+// non-null it adds each token's logit gradient times token_scale[i] (0 for
+// ignored tokens) into the buffers; with whole rows that happens in the
+// same pass, from the block's exponentials.
+void forward_pass(const Problem& p, const LinearCrossEntropyConfig& config,
+                  const at::Tensor& token_scale, at::Tensor* per_token, at::Tensor* lse,
+                  Grads* grads, const Wants& wants) {
   const std::int64_t n_tokens = p.hidden.size(0);
   const std::int64_t vocab = p.weight.size(0);
-  const double s = config.label_smoothing;
-  const double z = config.z_loss;
-  const double cap = config.logit_softcap;
+  const bool whole_rows = p.plan.vocab == vocab;
+  TORCH_INTERNAL_ASSERT(grads == nullptr || whole_rows);
+  const Workspace ws(p, config, grads != nullptr);
   const at::Tensor& cw = p.class_weights;
-  for (std::int64_t start = 0; start < n_tokens; start += config.chunk_size) {
-    const std::int64_t n = std::min(config.chunk_size, n_tokens - start);
+  for (std::int64_t start = 0; start < n_tokens; start += p.plan.tokens) {
+    const std::int64_t n = std::min(p.plan.tokens, n_tokens - start);
     const at::Tensor h = p.hidden.narrow(0, start, n);
     const at::Tensor y = p.target.narrow(0, start, n);
-    at::Tensor logits = at::linear(h, p.weight, p.bias);
-    // PyTorch's semantics are F.linear(...).float(): the GEMM in the input
-    // dtype (accumulating in float32 inside), then the loss in float32.
-    if (logits.scalar_type() != p.acc) logits = logits.to(p.acc);
-    if (cap > 0) logits.div_(cap).tanh_().mul_(cap);
-    // One exp pass serves both the log-sum-exp and, rescaled in place, the
-    // softmax of the gradient. Finite inputs give finite logits, so the row
-    // maximum is finite and the shift is safe.
-    const at::Tensor row_max = logits.amax(1, /*keepdim=*/true);
-    at::Tensor softmax = (logits - row_max).exp_();
-    const at::Tensor row_sum = softmax.sum(1, /*keepdim=*/true);
-    const at::Tensor lse_c = row_sum.log().add_(row_max).squeeze(1);
     const at::Tensor ignored = y.eq(config.ignore_index);
-    const at::Tensor y_safe = y.masked_fill(ignored, 0).unsqueeze(1);
-    const at::Tensor w_y = cw.defined() ? cw.index_select(0, y_safe.squeeze(1)) : at::Tensor();
+    const at::Tensor y_safe = y.masked_fill(ignored, 0);
+    const at::Tensor w_y = cw.defined() ? cw.index_select(0, y_safe) : at::Tensor();
+    const auto acc_options = p.hidden.options().dtype(p.acc);
 
-    if (per_token != nullptr) {
-      at::Tensor loss = lse_c - logits.gather(1, y_safe).squeeze(1);
-      if (w_y.defined()) loss.mul_(w_y);
-      if (s > 0) {
-        const at::Tensor smooth = cw.defined() ? lse_c * p.class_weight_sum - at::mv(logits, cw)
-                                               : lse_c * static_cast<double>(vocab) - logits.sum(1);
-        loss.mul_(1.0 - s).add_(smooth, s / static_cast<double>(vocab));
+    TokenTerms terms;
+    if (!whole_rows) terms.target_logit = at::zeros({n}, acc_options);
+    if (config.label_smoothing > 0) terms.smooth_dot = at::zeros({n}, acc_options);
+    at::Tensor running_max;  // [n, 1]
+    at::Tensor running_sum;  // [n, 1], of exp(l - running_max)
+    at::Tensor deriv;
+    for (std::int64_t v0 = 0; v0 < vocab; v0 += p.plan.vocab) {
+      const std::int64_t v = std::min(p.plan.vocab, vocab - v0);
+      const at::Tensor b = ws.block(n, v);
+      logits_into(b, p, ws, h, v0, config);
+      collect_terms(&terms, b, y_safe, v0, p, config,
+                    cw.defined() && config.label_smoothing > 0 ? ws.scratch(n, v) : at::Tensor());
+      if (grads != nullptr && config.logit_softcap > 0) {
+        deriv = ws.scratch(n, v);
+        softcap_derivative(deriv, b, config.logit_softcap);
       }
-      if (z > 0) loss.add_(lse_c.square(), z);
-      per_token->narrow(0, start, n).copy_(loss.masked_fill_(ignored, 0.0));
+      // Online log-sum-exp: the block's exponentials are taken against the
+      // running maximum, and the running sum is rescaled when it grows.
+      // Finite inputs give finite logits, so every maximum is finite.
+      const at::Tensor block_max = b.amax(1, /*keepdim=*/true);
+      const at::Tensor new_max =
+          running_max.defined() ? at::maximum(running_max, block_max) : block_max;
+      b.sub_(new_max).exp_();
+      const at::Tensor block_sum = row_sum(b);
+      if (running_max.defined()) {
+        running_sum.mul_((running_max - new_max).exp_()).add_(block_sum);
+      } else {
+        running_sum = block_sum;
+      }
+      running_max = new_max;
+    }
+    const at::Tensor lse_c = running_sum.log().add_(running_max).squeeze(1);
+    if (per_token != nullptr) {
+      per_token->narrow(0, start, n).copy_(per_token_loss(lse_c, terms, w_y, ignored, p, config));
     }
     if (lse != nullptr) lse->narrow(0, start, n).copy_(lse_c);
     if (grads == nullptr) continue;
 
-    const at::Tensor tok = token_scale.narrow(0, start, n);
-    const double smooth_mass = s / static_cast<double>(vocab) *
-                               (cw.defined() ? p.class_weight_sum : static_cast<double>(vocab));
-    at::Tensor coef = w_y.defined() ? w_y * (1.0 - s) : at::full_like(lse_c, 1.0 - s);
-    at::Tensor hit = coef * tok;  // (1 - s) w[y] scale, subtracted at the target
-    coef.add_(smooth_mass);
-    if (z > 0) coef.add_(lse_c, 2.0 * z);
-    at::Tensor g = softmax.div_(row_sum);
-    g.mul_((coef * tok).unsqueeze(1));
-    g.scatter_add_(1, y_safe, hit.neg_().unsqueeze(1));
-    if (s > 0) {
-      if (cw.defined()) {
-        g.addr_(tok, cw, 1.0, -s / static_cast<double>(vocab));
-      } else {
-        g.sub_((tok * (s / static_cast<double>(vocab))).unsqueeze(1));
+    // Whole rows: the block still holds exp(l - max); scaled by
+    // coef / sum it is p * coef, and becomes the logit gradient in place.
+    const GradFactors f = grad_factors(lse_c, w_y, token_scale.narrow(0, start, n), p, config);
+    const at::Tensor g = ws.block(n, vocab);
+    g.mul_((f.coef.unsqueeze(1) / running_sum));
+    finish_logit_gradient(g, f, y_safe, 0, p, config, deriv);
+    fold_gradient(grads, g, p, ws, h, start, 0, /*first_block=*/true, at::Tensor(), wants);
+  }
+}
+
+// The gradient by recomputation, from the saved per-token lse: each block's
+// logits again, their softmax exp(l - lse) in place, then the gradient.
+void gradient_pass(const Problem& p, const LinearCrossEntropyConfig& config,
+                   const at::Tensor& token_scale, const at::Tensor& lse, Grads* grads,
+                   const Wants& wants) {
+  const std::int64_t n_tokens = p.hidden.size(0);
+  const std::int64_t vocab = p.weight.size(0);
+  const Workspace ws(p, config, /*grad=*/true);
+  const at::Tensor& cw = p.class_weights;
+  const bool blocks = p.plan.vocab < vocab;
+  for (std::int64_t start = 0; start < n_tokens; start += p.plan.tokens) {
+    const std::int64_t n = std::min(p.plan.tokens, n_tokens - start);
+    const at::Tensor h = p.hidden.narrow(0, start, n);
+    const at::Tensor y = p.target.narrow(0, start, n);
+    const at::Tensor y_safe = y.masked_fill(y.eq(config.ignore_index), 0);
+    const at::Tensor w_y = cw.defined() ? cw.index_select(0, y_safe) : at::Tensor();
+    const at::Tensor lse_c = lse.narrow(0, start, n);
+    const GradFactors f = grad_factors(lse_c, w_y, token_scale.narrow(0, start, n), p, config);
+    const at::Tensor lse_col = lse_c.unsqueeze(1);
+    const at::Tensor coef_col = f.coef.unsqueeze(1);
+    // Several blocks add into one row of grad_hidden: in the accumulation
+    // dtype when the input dtype is narrower.
+    at::Tensor dx_acc;
+    if (wants.hidden && blocks && p.hidden.scalar_type() != p.acc) {
+      dx_acc = at::zeros({n, p.hidden.size(1)}, p.hidden.options().dtype(p.acc));
+    }
+    for (std::int64_t v0 = 0; v0 < vocab; v0 += p.plan.vocab) {
+      const std::int64_t v = std::min(p.plan.vocab, vocab - v0);
+      const at::Tensor g = ws.block(n, v);
+      logits_into(g, p, ws, h, v0, config);
+      at::Tensor deriv;
+      if (config.logit_softcap > 0) {
+        deriv = ws.scratch(n, v);
+        softcap_derivative(deriv, g, config.logit_softcap);
       }
+      g.sub_(lse_col).exp_().mul_(coef_col);
+      finish_logit_gradient(g, f, y_safe, v0, p, config, deriv);
+      fold_gradient(grads, g, p, ws, h, start, v0, v0 == 0, dx_acc, wants);
     }
-    if (cap > 0) g.mul_(logits.div_(cap).square_().neg_().add_(1.0));
-    logits = at::Tensor();  // free the block before the GEMMs
-    if (wants.hidden) {
-      const at::Tensor g_in =
-          g.scalar_type() == p.weight.scalar_type() ? g : g.to(p.weight.scalar_type());
-      at::Tensor rows = grads->hidden.narrow(0, start, n);
-      at::mm_out(rows, g_in, p.weight);
-    }
-    if (wants.weight) {
-      grads->weight.addmm_(g.t(), h.scalar_type() == p.acc ? h : h.to(p.acc));
-    }
-    if (wants.bias) grads->bias.add_(g.sum(0));
+    if (dx_acc.defined()) grads->hidden.narrow(0, start, n).copy_(dx_acc);
   }
 }
 
@@ -152,17 +430,16 @@ Grads allocate_grads(const Problem& p, const Wants& wants) {
   return grads;
 }
 
-// The factor each token's gradient carries in forward: 1 / denominator for
-// mean (sum of w[y] over non-ignored tokens), 1 for sum; 0 for ignored
-// tokens, so that an all-ignored mean has zero (not NaN) gradients, as in
-// PyTorch.
+// The factor each token's gradient carries: 1 / denominator for mean (sum
+// of w[y] over non-ignored tokens), 1 for sum; 0 for ignored tokens, so
+// that an all-ignored mean has zero (not NaN) gradients, as in PyTorch.
 std::pair<at::Tensor, at::Tensor> scale_and_denominator(const Problem& p,
                                                         const LinearCrossEntropyConfig& config) {
   const at::Tensor kept = p.target.ne(config.ignore_index);
   at::Tensor denominator;
   if (p.class_weights.defined()) {
     const at::Tensor y_safe = p.target.masked_fill(kept.logical_not(), 0);
-    denominator = p.class_weights.index_select(0, y_safe).mul_(kept).sum();
+    denominator = ordered_sum(p.class_weights.index_select(0, y_safe).mul_(kept));
   } else {
     denominator = kept.sum().to(p.acc);
   }
@@ -176,13 +453,13 @@ at::Tensor reduce(const at::Tensor& per_token, const at::Tensor& denominator,
                   LossReduction reduction) {
   switch (reduction) {
     case LossReduction::mean:
-      return per_token.sum() / denominator;  // 0 / 0 = NaN when all ignored
+      return ordered_sum(per_token) / denominator;  // 0 / 0 = NaN when all ignored
     case LossReduction::sum:
-      return per_token.sum();
+      return ordered_sum(per_token);
     case LossReduction::none:
       break;
   }
-  return per_token;
+  return per_token.clone();
 }
 
 void save_config(AutogradContext* ctx, const LinearCrossEntropyConfig& config, const Wants& wants) {
@@ -192,6 +469,9 @@ void save_config(AutogradContext* ctx, const LinearCrossEntropyConfig& config, c
   ctx->saved_data["z_loss"] = config.z_loss;
   ctx->saved_data["logit_softcap"] = config.logit_softcap;
   ctx->saved_data["chunk_size"] = config.chunk_size;
+  ctx->saved_data["vocab_chunk_size"] = config.vocab_chunk_size;
+  ctx->saved_data["budget_bytes"] = config.budget_bytes;
+  ctx->saved_data["accumulation"] = static_cast<std::int64_t>(config.accumulation);
   ctx->saved_data["wants_hidden"] = wants.hidden;
   ctx->saved_data["wants_weight"] = wants.weight;
   ctx->saved_data["wants_bias"] = wants.bias;
@@ -205,6 +485,9 @@ LinearCrossEntropyConfig load_config(AutogradContext* ctx, Wants* wants) {
   config.z_loss = ctx->saved_data["z_loss"].toDouble();
   config.logit_softcap = ctx->saved_data["logit_softcap"].toDouble();
   config.chunk_size = ctx->saved_data["chunk_size"].toInt();
+  config.vocab_chunk_size = ctx->saved_data["vocab_chunk_size"].toInt();
+  config.budget_bytes = ctx->saved_data["budget_bytes"].toInt();
+  config.accumulation = static_cast<at::ScalarType>(ctx->saved_data["accumulation"].toInt());
   wants->hidden = ctx->saved_data["wants_hidden"].toBool();
   wants->weight = ctx->saved_data["wants_weight"].toBool();
   wants->bias = ctx->saved_data["wants_bias"].toBool();
@@ -219,6 +502,19 @@ at::Tensor take(AutogradContext* ctx, const std::string& key) {
   return t;
 }
 
+// Whether the gradients are formed in forward (whole rows, mean or sum) or
+// recomputed in backward from the saved lse.
+bool gradients_in_forward(const Problem& p, const LinearCrossEntropyConfig& config) {
+  return config.reduction != LossReduction::none && p.plan.vocab == p.weight.size(0);
+}
+
+// An upstream gradient of exactly 1 (what loss.backward() sends) needs no
+// scaling pass over the gradient buffers. Checked only on CPU, where
+// reading it back costs no device synchronisation.
+bool is_one(const at::Tensor& upstream) {
+  return upstream.device().is_cpu() && upstream.numel() == 1 && upstream.item<double>() == 1.0;
+}
+
 class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossEntropyFunction> {
  public:
   // Returns {loss, lse, per_token_loss}; the last two carry no gradient.
@@ -229,23 +525,23 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
                                const LinearCrossEntropyConfig& config, const Wants& wants) {
     const at::Tensor b = bias.value_or(at::Tensor());
     const at::Tensor class_weights = class_weights_or_none.value_or(at::Tensor());
-    const Problem p = make_problem(hidden, weight, b, target, class_weights);
+    const Problem p = make_problem(hidden, weight, b, target, class_weights, config, true);
     auto [scale, denominator] = scale_and_denominator(p, config);
     at::Tensor per_token = at::empty({hidden.size(0)}, hidden.options().dtype(p.acc));
     at::Tensor lse = at::empty_like(per_token);
     save_config(ctx, config, wants);
     ctx->saved_data["weight_dtype"] = static_cast<std::int64_t>(weight.scalar_type());
-    if (config.reduction == LossReduction::none) {
-      // The upstream gradient is per token and unknown yet: backward
-      // recomputes the chunks with it.
-      run_chunks(p, config, {}, &per_token, &lse, nullptr, wants);
-      ctx->save_for_backward({hidden, weight, b, target, class_weights});
-      at::Tensor loss = per_token.clone();
+    if (!gradients_in_forward(p, config)) {
+      // Backward recomputes the blocks from the saved lse, with the
+      // upstream gradient (per token for none).
+      forward_pass(p, config, {}, &per_token, &lse, nullptr, wants);
+      ctx->save_for_backward({hidden, weight, b, target, class_weights, lse, scale});
+      at::Tensor loss = reduce(per_token, denominator, config.reduction);
       ctx->mark_non_differentiable({lse, per_token});
       return {loss, lse, per_token};
     }
     Grads grads = allocate_grads(p, wants);
-    run_chunks(p, config, scale, &per_token, &lse, &grads, wants);
+    forward_pass(p, config, scale, &per_token, &lse, &grads, wants);
     if (grads.hidden.defined()) ctx->saved_data["grad_hidden"] = grads.hidden;
     if (grads.weight.defined()) ctx->saved_data["grad_weight"] = grads.weight;
     if (grads.bias.defined()) ctx->saved_data["grad_bias"] = grads.bias;
@@ -265,14 +561,15 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
     const LinearCrossEntropyConfig config = load_config(ctx, &wants);
     const at::Tensor& upstream = grad_outputs[0];
     Grads grads;
-    if (config.reduction == LossReduction::none) {
+    if (ctx->saved_data.find("consumed") == ctx->saved_data.end()) {
       const variable_list saved = ctx->get_saved_variables();
-      const Problem p = make_problem(saved[0], saved[1], saved[2], saved[3], saved[4]);
-      const at::Tensor kept = p.target.ne(config.ignore_index);
-      const at::Tensor scale =
-          at::where(kept, upstream.to(p.acc), at::zeros({}, upstream.options().dtype(p.acc)));
+      const Problem p =
+          make_problem(saved[0], saved[1], saved[2], saved[3], saved[4], config, true);
+      // saved[6] is 1 / denominator (mean) or 1 per kept token, 0 per
+      // ignored one; the upstream gradient is a scalar or per token.
+      const at::Tensor scale = saved[6] * upstream.to(p.acc);
       grads = allocate_grads(p, wants);
-      run_chunks(p, config, scale, nullptr, nullptr, &grads, wants);
+      gradient_pass(p, config, scale, saved[5], &grads, wants);
     } else {
       TORCH_CHECK(!ctx->saved_data["consumed"].toBool(),
                   "keel::linear_cross_entropy: backward ran twice through one loss with "
@@ -284,8 +581,10 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
       grads.hidden = take(ctx, "grad_hidden");
       grads.weight = take(ctx, "grad_weight");
       grads.bias = take(ctx, "grad_bias");
-      for (at::Tensor* t : {&grads.hidden, &grads.weight, &grads.bias}) {
-        if (t->defined()) t->mul_(upstream);
+      if (!is_one(upstream)) {
+        for (at::Tensor* t : {&grads.hidden, &grads.weight, &grads.bias}) {
+          if (t->defined()) t->mul_(upstream);
+        }
       }
     }
     const auto& weight_dtype = ctx->saved_data["weight_dtype"];
@@ -297,6 +596,38 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
 };
 
 }  // namespace
+
+at::ScalarType accumulation_dtype(at::ScalarType input, const LinearCrossEntropyConfig& config) {
+  if (config.accumulation != at::ScalarType::Undefined) return config.accumulation;
+  return input == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+ChunkPlan plan_chunks(std::int64_t n_tokens, std::int64_t vocab, at::ScalarType input,
+                      const LinearCrossEntropyConfig& config, bool class_weights, bool grad) {
+  const at::ScalarType acc = accumulation_dtype(input, config);
+  const std::int64_t bytes = bytes_per_element(input, acc, config, class_weights, grad);
+  const std::int64_t budget = std::max<std::int64_t>(1, config.budget_bytes);
+  const std::int64_t tokens_max = std::max<std::int64_t>(1, n_tokens);
+  ChunkPlan plan;
+  plan.vocab = config.vocab_chunk_size > 0 ? std::min(config.vocab_chunk_size, vocab) : vocab;
+  if (config.chunk_size > 0) {
+    plan.tokens = std::min(config.chunk_size, tokens_max);
+    return plan;
+  }
+  if (config.vocab_chunk_size > 0) {
+    plan.tokens = std::clamp<std::int64_t>(budget / (plan.vocab * bytes), 1,
+                                           std::min(tokens_max, kMaxRowsPerChunk));
+    return plan;
+  }
+  const std::int64_t rows = budget / (vocab * bytes);
+  if (rows >= std::min(kMinRowsPerChunk, tokens_max)) {
+    plan.tokens = std::min({rows, tokens_max, kMaxRowsPerChunk});
+    return plan;
+  }
+  plan.tokens = std::min(kRowsPerVocabBlock, tokens_max);
+  plan.vocab = std::clamp<std::int64_t>(budget / (plan.tokens * bytes), 1, vocab);
+  return plan;
+}
 
 LinearCrossEntropyOutputs chunked_linear_cross_entropy(const at::Tensor& hidden,
                                                        const at::Tensor& weight,
@@ -311,14 +642,15 @@ LinearCrossEntropyOutputs chunked_linear_cross_entropy(const at::Tensor& hidden,
     wants.bias = bias.defined() && bias.requires_grad();
   }
   if (!wants.any()) {
-    // No gradient is wanted: one pass, no gradient buffers, no autograd node.
-    const Problem p = make_problem(hidden, weight, bias, target, class_weights);
+    // No gradient is wanted: one forward pass, no gradient buffers, no
+    // autograd node.
+    at::NoGradGuard no_grad;
+    const Problem p = make_problem(hidden, weight, bias, target, class_weights, config, false);
     auto [scale, denominator] = scale_and_denominator(p, config);
     at::Tensor per_token = at::empty({hidden.size(0)}, hidden.options().dtype(p.acc));
     at::Tensor lse = at::empty_like(per_token);
-    run_chunks(p, config, {}, &per_token, &lse, nullptr, wants);
+    forward_pass(p, config, {}, &per_token, &lse, nullptr, wants);
     at::Tensor loss = reduce(per_token, denominator, config.reduction);
-    if (config.reduction == LossReduction::none) loss = per_token.clone();
     return {loss, per_token, lse};
   }
   // Optional inputs go in as std::optional: an empty one is not an autograd

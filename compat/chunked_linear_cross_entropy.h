@@ -1,11 +1,21 @@
-// keel's fused linear cross-entropy on long-stable ATen ops (at::linear,
-// at::logsumexp, gather/scatter, addmm): tokens are processed in chunks, so
-// the [N, V] logits never exist; only one [chunk, V] block at a time does.
-// When a gradient is needed, each chunk's logit gradient is formed right
-// after its loss and folded into grad_hidden (its own rows) and into float32
-// accumulators for grad_weight and grad_bias, so backward only scales them.
-// For reduction none the upstream gradient is per token and unknown in
-// forward, so backward recomputes the chunks instead.
+// keel's fused linear cross-entropy on long-stable ATen ops (mm/addmm into
+// preallocated blocks, in-place exp and reductions, gather/scatter): tokens
+// are processed in chunks, so the [N, V] logits never exist; only one
+// [chunk, V] block at a time does, reused in place (logits -> exp -> logit
+// gradient).
+//
+// Two schedules, chosen by plan_chunks():
+// - whole rows (the vocabulary fits one block): when a gradient is needed
+//   and the reduction is mean or sum, each chunk's logit gradient is formed
+//   right after its loss and folded into grad_hidden (its own rows) and into
+//   the accumulation-dtype grad_weight / grad_bias handed to autograd, so
+//   backward only scales them: the same three GEMMs as the naive loss.
+// - vocabulary blocks (a [chunk, V] block does not fit the budget, or the
+//   caller asked for them): forward runs an online log-sum-exp over the
+//   blocks and keeps only the per-token lse; backward recomputes each block's
+//   logits (a fourth GEMM) and forms the gradient block by block.
+// reduction none always recomputes in backward, since the per-token upstream
+// gradient is unknown in forward.
 #pragma once
 
 #include <cstdint>
@@ -16,14 +26,39 @@ namespace keel::compat {
 
 enum class LossReduction : std::uint8_t { mean, sum, none };
 
+// The working-set budget the automatic chunk sizes are chosen for, when the
+// caller gives none.
+constexpr std::int64_t kDefaultChunkBudgetBytes = std::int64_t{8} << 20;
+
 struct LinearCrossEntropyConfig {
   LossReduction reduction = LossReduction::mean;
   std::int64_t ignore_index = -100;
   double label_smoothing = 0.0;
   double z_loss = 0.0;
   double logit_softcap = 0.0;
-  std::int64_t chunk_size = 1;  // >= 1
+  std::int64_t chunk_size = 0;                           // tokens per chunk; 0 = from the budget
+  std::int64_t vocab_chunk_size = 0;                     // classes per block; 0 = from the budget
+  std::int64_t budget_bytes = kDefaultChunkBudgetBytes;  // > 0
+  // float32 or float64; Undefined = float64 for float64 input, else float32.
+  at::ScalarType accumulation = at::ScalarType::Undefined;
 };
+
+// How a call is cut: `tokens` rows per chunk, `vocab` classes per block
+// (vocab == V: whole rows, no vocabulary blocks).
+struct ChunkPlan {
+  std::int64_t tokens = 1;
+  std::int64_t vocab = 1;
+};
+
+// The accumulation dtype a config resolves to for an input dtype.
+at::ScalarType accumulation_dtype(at::ScalarType input, const LinearCrossEntropyConfig& config);
+
+// The chunking of a call with `n_tokens` tokens and `vocab` classes. An
+// explicit chunk_size / vocab_chunk_size is kept (clamped to N / V); with
+// both automatic, whole rows are used when at least kMinRowsPerChunk of them
+// fit the budget, else vocabulary blocks of kRowsPerVocabBlock tokens.
+ChunkPlan plan_chunks(std::int64_t n_tokens, std::int64_t vocab, at::ScalarType input,
+                      const LinearCrossEntropyConfig& config, bool class_weights, bool grad);
 
 struct LinearCrossEntropyOutputs {
   at::Tensor loss;            // scalar, or [N] for none; carries autograd

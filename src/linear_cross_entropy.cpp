@@ -125,6 +125,24 @@ result<void> validate_options(const at::Tensor& hidden, const at::Tensor& weight
     return invalid(absl::StrCat("options.chunk_size is ", o.chunk_size,
                                 "; expected a token count >= 1, or 0 for the automatic size"));
   }
+  if (o.vocab_chunk_size < 0) {
+    return invalid(absl::StrCat("options.vocab_chunk_size is ", o.vocab_chunk_size,
+                                "; expected a class count >= 1, or 0 for the automatic size"));
+  }
+  if (o.chunk_budget_bytes < 0) {
+    return invalid(absl::StrCat("options.chunk_budget_bytes is ", o.chunk_budget_bytes,
+                                "; expected a byte count >= 1, or 0 for the default budget"));
+  }
+  const at::ScalarType acc = o.accumulation_dtype;
+  if (acc != at::ScalarType::Undefined && acc != at::kFloat && acc != at::kDouble) {
+    return invalid(absl::StrCat("options.accumulation_dtype is ", c10::toString(acc),
+                                "; expected Float, Double or Undefined (automatic)"));
+  }
+  if (acc == at::kFloat && hidden.scalar_type() == at::kDouble) {
+    return invalid(
+        "options.accumulation_dtype is Float but hidden is Double; accumulating float64 "
+        "input in float32 would lose precision (expected Double or Undefined)");
+  }
   if (result<void> r = validate_vector("options.class_weights", o.class_weights, hidden, vocab);
       !r) {
     return r;
@@ -159,13 +177,6 @@ std::string check_target_range(const at::Tensor& target, std::int64_t vocab,
   return {};
 }
 
-// The largest token count whose float32 [chunk, V] logits block fits the
-// documented budget.
-std::int64_t auto_chunk_size(std::int64_t vocab) {
-  return std::max<std::int64_t>(
-      1, kLinearCrossEntropyChunkBudgetBytes / (vocab * static_cast<std::int64_t>(sizeof(float))));
-}
-
 }  // namespace
 
 result<LossOutput> linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
@@ -184,10 +195,7 @@ result<LossOutput> linear_cross_entropy(const at::Tensor& hidden, const at::Tens
 
   const at::Tensor hidden_2d = hidden.reshape({-1, hidden.size(-1)});
   const at::Tensor target_1d = target.reshape({-1});
-  const std::int64_t tokens = hidden_2d.size(0);
-  const std::int64_t chunk = std::max<std::int64_t>(
-      1, std::min(tokens, options.chunk_size > 0 ? options.chunk_size : auto_chunk_size(vocab)));
-  const internal::LinearCrossEntropyCall call{hidden_2d, weight, target_1d, options, chunk};
+  const internal::LinearCrossEntropyCall call{hidden_2d, weight, target_1d, options};
   auto selection = internal::select(internal::Registry::builtin(), kOp, request.value(), call,
                                     &internal::Adapter::linear_cross_entropy);
   if (!selection) return selection.error();

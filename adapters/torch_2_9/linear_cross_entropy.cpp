@@ -6,6 +6,9 @@
 
 namespace keel::adapters {
 
+static_assert(compat::kDefaultChunkBudgetBytes == kLinearCrossEntropyChunkBudgetBytes,
+              "compat's default budget is the one keel/v1/loss.h documents");
+
 namespace {
 compat::LossReduction to_compat(Reduction r) {
   switch (r) {
@@ -34,7 +37,11 @@ internal::LinearCrossEntropyResult CompatLinearCrossEntropy::run(
   config.label_smoothing = o.label_smoothing;
   config.z_loss = o.z_loss;
   config.logit_softcap = o.logit_softcap;
-  config.chunk_size = call.chunk_size;
+  config.chunk_size = o.chunk_size;
+  config.vocab_chunk_size = o.vocab_chunk_size;
+  config.budget_bytes =
+      o.chunk_budget_bytes > 0 ? o.chunk_budget_bytes : kLinearCrossEntropyChunkBudgetBytes;
+  config.accumulation = o.accumulation_dtype;
   compat::LinearCrossEntropyOutputs out = compat::chunked_linear_cross_entropy(
       call.hidden, call.weight, o.bias, call.target, o.class_weights, config);
   return {std::move(out.loss), std::move(out.per_token_loss), std::move(out.lse)};
@@ -53,10 +60,14 @@ CapabilityInfo CompatLinearCrossEntropy::info() {
                 "logit_softcap",
                 "bias",
                 "chunk_size",
+                "vocab_chunk_size (online log-sum-exp, recompute in backward)",
+                "chunk_budget_bytes",
+                "accumulation_dtype float32/float64",
                 "per-token loss and lse"};
   c.implementation =
       "compat::chunked_linear_cross_entropy: token chunks, logits never materialised, "
-      "gradients formed in forward into float32 accumulators";
+      "gradients formed in forward into the accumulation-dtype buffers handed to autograd, "
+      "or recomputed in backward with vocabulary blocks";
   return c;
 }
 

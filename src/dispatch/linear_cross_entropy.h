@@ -14,13 +14,13 @@ namespace keel::internal {
 // A validated call: `hidden` is [N, D] (already flattened), `weight` [V, D]
 // of the same dtype and device, `target` int64 [N] with every entry in
 // [0, V) or equal to options.ignore_index, `bias` and `class_weights`
-// undefined or [V], `chunk_size` >= 1 (resolved from the budget).
+// undefined or [V]; chunk sizes, budget and accumulation dtype in
+// `options` are valid (0 = automatic), and the adapter resolves them.
 struct LinearCrossEntropyCall {
   const at::Tensor& hidden;
   const at::Tensor& weight;
   const at::Tensor& target;
   const LinearCrossEntropyOptions& options;
-  std::int64_t chunk_size;
 };
 
 // Per-token tensors are [N]; the core reshapes them to target's shape.

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
@@ -49,10 +50,10 @@ struct Inputs {
 
 constexpr std::int64_t kDim = 24;
 
-Inputs make_inputs(const Case& c) {
+Inputs make_inputs(const Case& c, std::int64_t dim = kDim) {
   Inputs in;
-  in.hidden = at::randn({c.tokens, kDim}, at::kDouble);
-  in.weight = at::randn({c.vocab, kDim}, at::kDouble) * 0.4;
+  in.hidden = at::randn({c.tokens, dim}, at::kDouble);
+  in.weight = at::randn({c.vocab, dim}, at::kDouble) * (0.4 * std::sqrt(24.0 / dim));
   in.target = at::randint(0, c.vocab, {c.tokens}, at::kLong);
   if (c.ignored_share > 0) {
     const at::Tensor drop = at::rand({c.tokens}, at::kDouble) < c.ignored_share;
@@ -96,6 +97,21 @@ const Case kTable[] = {
     {"smoothing_one", Reduction::mean, -100, 0.2, 1.0, true, false, 0, 0, 13, 21, 4},
 };
 
+LinearCrossEntropyOptions options_for_backend(const Case& c, const Inputs& in, at::ScalarType dtype,
+                                              Backend backend) {
+  LinearCrossEntropyOptions o;
+  o.reduction = c.reduction;
+  o.ignore_index = c.ignore_index;
+  o.label_smoothing = c.label_smoothing;
+  o.z_loss = c.z_loss;
+  o.logit_softcap = c.logit_softcap;
+  o.chunk_size = c.chunk_size;
+  if (in.class_weights.defined()) o.class_weights = in.class_weights.to(at::kFloat);
+  if (in.bias.defined()) o.bias = in.bias.to(dtype);
+  o.dispatch.backend = backend;
+  return o;
+}
+
 class LinearCrossEntropyConformance : public ::testing::TestWithParam<Backend> {
  protected:
   void SetUp() override {
@@ -110,17 +126,7 @@ class LinearCrossEntropyConformance : public ::testing::TestWithParam<Backend> {
 
   LinearCrossEntropyOptions options_for(const Case& c, const Inputs& in,
                                         at::ScalarType dtype) const {
-    LinearCrossEntropyOptions o;
-    o.reduction = c.reduction;
-    o.ignore_index = c.ignore_index;
-    o.label_smoothing = c.label_smoothing;
-    o.z_loss = c.z_loss;
-    o.logit_softcap = c.logit_softcap;
-    o.chunk_size = c.chunk_size;
-    if (in.class_weights.defined()) o.class_weights = in.class_weights.to(at::kFloat);
-    if (in.bias.defined()) o.bias = in.bias.to(dtype);
-    o.dispatch.backend = GetParam();
-    return o;
+    return options_for_backend(c, in, dtype, GetParam());
   }
 };
 
@@ -141,14 +147,17 @@ double max_relative_error(const at::Tensor& got, const at::Tensor& want) {
   return ((g - want).abs().max() / want.abs().max().clamp_min(1e-300)).item<double>();
 }
 
-TEST_P(LinearCrossEntropyConformance, OptionTableMatchesFloat64ReferenceInFloat32) {
+// The option table in float32 against the float64 reference, with whole
+// rows (vocab_chunk = 0) or vocabulary blocks of `vocab_chunk` classes.
+void check_option_table_in_float32(Backend backend, std::int64_t vocab_chunk) {
   for (const Case& c : kTable) {
     SCOPED_TRACE(c.name);
     const Inputs in = make_inputs(c);
     // keel in float32; the reference in float64 on the same rounded values.
     const at::Tensor h = in.hidden.to(at::kFloat).requires_grad_(true);
     const at::Tensor w = in.weight.to(at::kFloat).requires_grad_(true);
-    LinearCrossEntropyOptions o = options_for(c, in, at::kFloat);
+    LinearCrossEntropyOptions o = options_for_backend(c, in, at::kFloat, backend);
+    o.vocab_chunk_size = vocab_chunk;
     if (o.bias.defined()) o.bias.requires_grad_(true);
     auto r = linear_cross_entropy(h, w, in.target, o);
     ASSERT_TRUE(r) << r.error().to_string();
@@ -176,6 +185,19 @@ TEST_P(LinearCrossEntropyConformance, OptionTableMatchesFloat64ReferenceInFloat3
       EXPECT_TRUE(at::allclose(got[i].to(at::kDouble), want[i], 5e-4, 1e-5))
           << "max abs error " << (got[i].to(at::kDouble) - want[i]).abs().max().item<double>();
     }
+  }
+}
+
+TEST_P(LinearCrossEntropyConformance, OptionTableMatchesFloat64ReferenceInFloat32) {
+  check_option_table_in_float32(GetParam(), 0);
+}
+
+TEST_P(LinearCrossEntropyConformance, VocabularyBlocksMatchFloat64ReferenceInFloat32) {
+  // Blocks of 1, 5 and 16 classes: V is never a multiple, and the target
+  // falls in every block position.
+  for (std::int64_t vocab_chunk : {1, 5, 16}) {
+    SCOPED_TRACE(vocab_chunk);
+    check_option_table_in_float32(GetParam(), vocab_chunk);
   }
 }
 
@@ -354,34 +376,213 @@ TEST_P(LinearCrossEntropyConformance, ChunkSizeDoesNotChangeTheResultAndRunsAreB
   struct Run {
     at::Tensor loss, grad_hidden, grad_weight, grad_bias;
   };
-  const auto run = [&](at::ScalarType dtype, std::int64_t chunk) {
+  const auto run = [&](at::ScalarType dtype, std::int64_t chunk, std::int64_t vocab_chunk = 0) {
     const at::Tensor h = in.hidden.to(dtype).requires_grad_(true);
     const at::Tensor w = in.weight.to(dtype).requires_grad_(true);
     LinearCrossEntropyOptions o = options_for(base, in, dtype);
     o.bias.requires_grad_(true);
     o.chunk_size = chunk;
+    o.vocab_chunk_size = vocab_chunk;
     auto r = linear_cross_entropy(h, w, in.target, o);
     EXPECT_TRUE(r) << r.error().to_string();
     const variable_list g = torch::autograd::grad({r.value().loss}, {h, w, o.bias});
     return Run{r.value().loss.detach(), g[0], g[1], g[2]};
   };
   const Run want = run(at::kDouble, 0);
-  for (std::int64_t chunk : {1, 2, 3, 7, 13, 29, 100}) {
-    SCOPED_TRACE(chunk);
-    const Run got = run(at::kDouble, chunk);
-    EXPECT_TRUE(at::allclose(got.loss, want.loss, 1e-13, 1e-13));
-    EXPECT_TRUE(at::allclose(got.grad_hidden, want.grad_hidden, 1e-12, 1e-14));
-    EXPECT_TRUE(at::allclose(got.grad_weight, want.grad_weight, 1e-12, 1e-14));
-    EXPECT_TRUE(at::allclose(got.grad_bias, want.grad_bias, 1e-12, 1e-14));
+  // Token chunks {1, 2, 3, 7, 13, N, > N, auto} times vocabulary blocks
+  // {whole rows, 1, 2, 3, 7, 13, V - 1, V}: 43 classes are a multiple of none.
+  for (std::int64_t chunk : {1, 2, 3, 7, 13, 29, 100, 0}) {
+    for (std::int64_t vocab_chunk : {0, 1, 2, 3, 7, 13, 42, 43}) {
+      SCOPED_TRACE(::testing::Message() << "chunk " << chunk << ", vocab chunk " << vocab_chunk);
+      const Run got = run(at::kDouble, chunk, vocab_chunk);
+      EXPECT_TRUE(at::allclose(got.loss, want.loss, 1e-13, 1e-13));
+      EXPECT_TRUE(at::allclose(got.grad_hidden, want.grad_hidden, 1e-12, 1e-14));
+      EXPECT_TRUE(at::allclose(got.grad_weight, want.grad_weight, 1e-12, 1e-14));
+      EXPECT_TRUE(at::allclose(got.grad_bias, want.grad_bias, 1e-12, 1e-14));
+    }
   }
-  for (std::int64_t chunk : {1, 7, 0}) {
-    SCOPED_TRACE(chunk);
-    const Run a = run(at::kFloat, chunk);
-    const Run b = run(at::kFloat, chunk);
+  // And the automatic size against the float64 reference itself.
+  const at::Tensor h64 = in.hidden.clone().requires_grad_(true);
+  const at::Tensor w64 = in.weight.clone().requires_grad_(true);
+  reference::LinearCrossEntropyCase rc = reference_case(base, in);
+  rc.bias = in.bias.clone().requires_grad_(true);
+  rc.class_weights = in.class_weights.to(at::kFloat).to(at::kDouble);
+  const auto ref = reference::linear_cross_entropy(h64, w64, in.target, rc);
+  const variable_list ref_grads = torch::autograd::grad({ref.loss}, {h64, w64, rc.bias});
+  EXPECT_TRUE(at::allclose(want.loss, ref.loss.detach(), 1e-12, 1e-12));
+  EXPECT_TRUE(at::allclose(want.grad_hidden, ref_grads[0], 1e-10, 1e-12));
+  EXPECT_TRUE(at::allclose(want.grad_weight, ref_grads[1], 1e-10, 1e-12));
+  EXPECT_TRUE(at::allclose(want.grad_bias, ref_grads[2], 1e-10, 1e-12));
+  for (const auto& [chunk, vocab_chunk] :
+       {std::pair{1, 0}, std::pair{7, 0}, std::pair{0, 0}, std::pair{3, 5}, std::pair{0, 8}}) {
+    SCOPED_TRACE(::testing::Message() << "chunk " << chunk << ", vocab chunk " << vocab_chunk);
+    const Run a = run(at::kFloat, chunk, vocab_chunk);
+    const Run b = run(at::kFloat, chunk, vocab_chunk);
     EXPECT_TRUE(at::equal(a.loss, b.loss));
     EXPECT_TRUE(at::equal(a.grad_hidden, b.grad_hidden));
     EXPECT_TRUE(at::equal(a.grad_weight, b.grad_weight));
     EXPECT_TRUE(at::equal(a.grad_bias, b.grad_bias));
+  }
+}
+
+// Restores ATen's intra-op thread count when a test ends.
+class ThreadCountGuard {
+ public:
+  ThreadCountGuard() : saved_(at::get_num_threads()) {}
+  ~ThreadCountGuard() { at::set_num_threads(saved_); }
+  ThreadCountGuard(const ThreadCountGuard&) = delete;
+  ThreadCountGuard& operator=(const ThreadCountGuard&) = delete;
+
+ private:
+  int saved_;
+};
+
+TEST_P(LinearCrossEntropyConformance, ResultsAreBitwiseIndependentOfTheThreadCount) {
+  // Large enough that ATen splits its elementwise ops and reductions across
+  // threads (blocks of more than 32768 elements), for whole rows, vocabulary
+  // blocks, one-token chunks (a single-row reduction over V > 32768) and
+  // reduction none; plus a per-token sum over more than 32768 tokens.
+  // The GEMMs are the BLAS library's: with a tiny D or V (a few dozen) and a
+  // long inner dimension it splits that dimension across threads and rounds
+  // differently with 1 and 2 threads, so D and V here are not tiny.
+  struct Plan {
+    const char* name;
+    Reduction reduction;
+    std::int64_t tokens, vocab, chunk, vocab_chunk;
+  };
+  const Plan plans[] = {
+      {"whole_rows", Reduction::mean, 96, 3001, 24, 0},
+      {"vocab_blocks", Reduction::sum, 96, 3001, 40, 1000},
+      {"none_recomputed", Reduction::none, 96, 3001, 24, 0},
+      {"one_token_chunks", Reduction::mean, 3, 40000, 1, 0},
+      {"many_tokens", Reduction::mean, 33000, 257, 0, 0},
+  };
+  const ThreadCountGuard restore;
+  for (const Plan& plan : plans) {
+    SCOPED_TRACE(plan.name);
+    const Case c{plan.name, plan.reduction, -100,        0.1,        0.1,       true, true,
+                 2.0,       1e-3,           plan.tokens, plan.vocab, plan.chunk};
+    const Inputs in = make_inputs(c, /*dim=*/128);
+    const at::Tensor upstream = at::randn({c.tokens}, at::kFloat);
+    const auto run = [&](int threads) {
+      at::set_num_threads(threads);
+      const at::Tensor h = in.hidden.to(at::kFloat).requires_grad_(true);
+      const at::Tensor w = in.weight.to(at::kFloat).requires_grad_(true);
+      LinearCrossEntropyOptions o = options_for(c, in, at::kFloat);
+      o.vocab_chunk_size = plan.vocab_chunk;
+      o.bias.requires_grad_(true);
+      auto r = linear_cross_entropy(h, w, in.target, o);
+      EXPECT_TRUE(r) << r.error().to_string();
+      variable_list out = gradients(r.value().loss, {h, w, o.bias}, upstream);
+      out.push_back(r.value().loss.detach());
+      return out;
+    };
+    const variable_list one = run(1);
+    const variable_list two = run(2);
+    ASSERT_EQ(one.size(), two.size());
+    for (size_t i = 0; i < one.size(); ++i) {
+      SCOPED_TRACE(i);
+      EXPECT_TRUE(at::equal(one[i], two[i]))
+          << "max abs difference " << (one[i] - two[i]).abs().max().item<double>();
+    }
+  }
+}
+
+TEST_P(LinearCrossEntropyConformance, TightBudgetUsesVocabularyBlocksAndMatchesTheReference) {
+  // A 4 KiB budget holds fewer than 32 rows of 300 float32 classes, so the
+  // automatic plan cuts the vocabulary into blocks and recomputes in
+  // backward, which (unlike whole rows) lets a reduced loss backpropagate
+  // twice.
+  const Case c{"tight", Reduction::mean, -100, 0.2, 0.1, true, true, 0, 1e-2, 40, 300, 0};
+  const Inputs in = make_inputs(c);
+  const at::Tensor h = in.hidden.to(at::kFloat).requires_grad_(true);
+  const at::Tensor w = in.weight.to(at::kFloat).requires_grad_(true);
+  LinearCrossEntropyOptions o = options_for(c, in, at::kFloat);
+  o.chunk_budget_bytes = 4096;
+  auto r = linear_cross_entropy(h, w, in.target, o);
+  ASSERT_TRUE(r) << r.error().to_string();
+  const at::Tensor h64 = h.detach().to(at::kDouble).requires_grad_(true);
+  const at::Tensor w64 = w.detach().to(at::kDouble).requires_grad_(true);
+  reference::LinearCrossEntropyCase rc = reference_case(c, in);
+  rc.bias = o.bias.to(at::kDouble);
+  rc.class_weights = o.class_weights.to(at::kDouble);
+  const auto ref = reference::linear_cross_entropy(h64, w64, in.target, rc);
+  EXPECT_LE(max_relative_error(r.value().loss.detach(), ref.loss.detach()), 1e-5);
+  const variable_list first = torch::autograd::grad({r.value().loss}, {h, w}, {}, true);
+  const variable_list second = torch::autograd::grad({r.value().loss}, {h, w});
+  const variable_list want = torch::autograd::grad({ref.loss}, {h64, w64});
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_TRUE(at::allclose(first[i].to(at::kDouble), want[i], 5e-4, 1e-5));
+    EXPECT_TRUE(at::equal(first[i], second[i]));
+  }
+}
+
+TEST_P(LinearCrossEntropyConformance, AccumulationDtypeOption) {
+  const Case c{"accumulation", Reduction::none, -100, 0.2, 0.1, true, true, 2.0, 1e-2, 30, 200, 8};
+  const Inputs in = make_inputs(c);
+  const at::Tensor upstream = at::randn({c.tokens}, at::kDouble);
+  reference::LinearCrossEntropyCase rc = reference_case(c, in);
+  rc.class_weights = in.class_weights.to(at::kFloat).to(at::kDouble);
+
+  // float32 input accumulated in float64: the loss comes back in float64
+  // and only the float32 GEMM separates it from the reference, which sees
+  // the same float32 logits rounded from float64.
+  {
+    const at::Tensor h = in.hidden.to(at::kFloat).requires_grad_(true);
+    const at::Tensor w = in.weight.to(at::kFloat).requires_grad_(true);
+    LinearCrossEntropyOptions o = options_for(c, in, at::kFloat);
+    o.accumulation_dtype = at::kDouble;
+    auto r = linear_cross_entropy(h, w, in.target, o);
+    ASSERT_TRUE(r) << r.error().to_string();
+    EXPECT_EQ(r.value().loss.scalar_type(), at::kDouble);
+    LinearCrossEntropyOptions f = options_for(c, in, at::kFloat);
+    auto r32 = linear_cross_entropy(h, w, in.target, f);
+    ASSERT_TRUE(r32) << r32.error().to_string();
+    EXPECT_EQ(r32.value().loss.scalar_type(), at::kFloat);
+
+    const at::Tensor h64 = h.detach().to(at::kDouble).requires_grad_(true);
+    const at::Tensor w64 = w.detach().to(at::kDouble).requires_grad_(true);
+    rc.bias = o.bias.to(at::kDouble);
+    const auto ref = reference::linear_cross_entropy(h64, w64, in.target, rc);
+    EXPECT_LE(max_relative_error(r.value().loss.detach(), ref.loss.detach()), 1e-5);
+    // Accumulating in float64 is at least as close as in float32.
+    const double err64 = max_relative_error(r.value().loss.detach(), ref.loss.detach());
+    const double err32 = max_relative_error(r32.value().loss.detach(), ref.loss.detach());
+    EXPECT_LE(err64, err32 * 1.01 + 1e-9);
+    const variable_list got = torch::autograd::grad({r.value().loss}, {h, w}, {upstream});
+    const variable_list want = torch::autograd::grad({ref.loss}, {h64, w64}, {upstream});
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].scalar_type(), at::kFloat);
+      EXPECT_TRUE(at::allclose(got[i].to(at::kDouble), want[i], 5e-4, 1e-5));
+    }
+  }
+  // bfloat16 input: Float is the default, bitwise; Double stays within the
+  // error of the naive float32 upcast (F.linear in bfloat16, then
+  // cross-entropy in float32) plus the bfloat16 slack.
+  {
+    const Case b{"bf16", Reduction::none, -100, 0.2, 0.1, true, true, 0, 0, 30, 200, 8};
+    const Inputs bin = make_inputs(b);
+    const at::Tensor h = bin.hidden.to(at::kBFloat16);
+    const at::Tensor w = bin.weight.to(at::kBFloat16);
+    LinearCrossEntropyOptions o = options_for(b, bin, at::kBFloat16);
+    auto by_default = linear_cross_entropy(h, w, bin.target, o);
+    o.accumulation_dtype = at::kFloat;
+    auto as_float = linear_cross_entropy(h, w, bin.target, o);
+    o.accumulation_dtype = at::kDouble;
+    auto as_double = linear_cross_entropy(h, w, bin.target, o);
+    ASSERT_TRUE(by_default && as_float && as_double);
+    EXPECT_TRUE(at::equal(by_default.value().loss, as_float.value().loss));
+    EXPECT_EQ(as_double.value().loss.scalar_type(), at::kDouble);
+    reference::LinearCrossEntropyCase brc = reference_case(b, bin);
+    brc.bias = o.bias.to(at::kDouble);
+    brc.class_weights = o.class_weights.to(at::kDouble);
+    const auto ref =
+        reference::linear_cross_entropy(h.to(at::kDouble), w.to(at::kDouble), bin.target, brc);
+    const at::Tensor naive =
+        at::cross_entropy_loss(at::linear(h, w, o.bias).to(at::kFloat), bin.target, o.class_weights,
+                               at::Reduction::None, -100, b.label_smoothing);
+    const at::Tensor bound = (naive.to(at::kDouble) - ref.loss).abs() + 1e-2;
+    EXPECT_TRUE(((as_double.value().loss - ref.loss).abs() <= bound).all().item<bool>());
   }
 }
 
@@ -529,6 +730,17 @@ TEST_P(LinearCrossEntropyConformance, BadInputIsInvalidArgumentNamingTheArgument
       {"negative z-loss", h, w, y, with([](auto& o) { o.z_loss = -1; }), "options.z_loss"},
       {"negative softcap", h, w, y, with([](auto& o) { o.logit_softcap = -2; }),
        "options.logit_softcap"},
+      {"negative vocab chunk", h, w, y, with([](auto& o) { o.vocab_chunk_size = -3; }),
+       "options.vocab_chunk_size"},
+      {"negative budget", h, w, y, with([](auto& o) { o.chunk_budget_bytes = -1; }),
+       "options.chunk_budget_bytes"},
+      {"half accumulation", h, w, y, with([](auto& o) { o.accumulation_dtype = at::kHalf; }),
+       "options.accumulation_dtype is Half"},
+      {"integer accumulation", h, w, y, with([](auto& o) { o.accumulation_dtype = at::kLong; }),
+       "options.accumulation_dtype is Long"},
+      {"float accumulation of double", h.to(at::kDouble), w.to(at::kDouble), y,
+       with([](auto& o) { o.accumulation_dtype = at::kFloat; }),
+       "options.accumulation_dtype is Float but hidden is Double"},
   };
   for (const BadCase& c : cases) {
     SCOPED_TRACE(c.what);

@@ -34,20 +34,23 @@
 /// - A second-order gradient (`create_graph = true` through the loss) is an
 ///   error thrown by autograd (a `c10::Error` naming keel), never a silently
 ///   wrong number: the gradients are computed inside the forward pass.
-/// - For `mean` and `sum` the forward pass computes the gradients and the
-///   first backward takes them over (no second copy of grad_weight is
-///   kept), so a second backward through the same loss, even with
-///   `retain_graph = true`, is the same kind of error. `none` recomputes in
-///   backward and can be backpropagated more than once.
+/// - For `mean` and `sum` with whole rows (the default unless the
+///   vocabulary is too large for the budget) the forward pass computes the
+///   gradients and the first backward takes them over (no second copy of
+///   grad_weight is kept), so a second backward through the same loss, even
+///   with `retain_graph = true`, is the same kind of error. `none`, and any
+///   reduction with vocabulary blocks, recomputes in backward and can be
+///   backpropagated more than once.
 /// - `class_weights` and `target` get no gradient.
-/// - Results depend (within rounding) on the chunk size, since the weight
-///   gradient is summed chunk by chunk; for one chunk size they are bitwise
-///   reproducible.
+/// - Results depend (within rounding) on the chunk sizes, since grad_weight
+///   is summed chunk by chunk and the log-sum-exp block by block; for given
+///   chunk sizes they are bitwise reproducible, whatever the thread count.
 #pragma once
 
 #include <cstdint>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
 
 #include "keel/v1/dispatch.h"
 #include "keel/v1/error.h"
@@ -66,11 +69,20 @@ enum class Reduction : std::uint8_t {
   none,
 };
 
-/// The memory budget, in bytes, that `LinearCrossEntropyOptions::chunk_size
-/// = 0` sizes a chunk for: the largest number of tokens whose float32 logits
-/// block `[chunk, V]` fits in 32 MiB (at least one token). The working set of
-/// a chunk is about two such blocks plus the bf16/fp16 copy of one.
-constexpr std::int64_t kLinearCrossEntropyChunkBudgetBytes = std::int64_t{32} << 20;
+/// The working-set budget, in bytes, that the automatic chunk sizes
+/// (`LinearCrossEntropyOptions::chunk_size = 0`, `vocab_chunk_size = 0`) are
+/// chosen for when `chunk_budget_bytes` is 0: 8 MiB.
+///
+/// The working set is one `[tokens, classes]` block in the accumulation
+/// dtype, reused in place for the logits, their exponentials and their
+/// gradient, plus a second such block when label smoothing meets class
+/// weights or soft-capping needs a gradient, plus one in the input dtype
+/// when that is narrower than the accumulation dtype. Inputs, outputs, the
+/// gradients themselves and per-token vectors are not part of it. The
+/// automatic plan takes whole rows (every class of a token in one block) as
+/// long as at least 32 tokens fit; beyond that (a vocabulary too large for
+/// the budget) it cuts the vocabulary into blocks for chunks of 512 tokens.
+constexpr std::int64_t kLinearCrossEntropyChunkBudgetBytes = std::int64_t{8} << 20;
 
 /// Options of `keel::linear_cross_entropy`. Every member has a default, so a
 /// caller sets only what it means.
@@ -100,9 +112,28 @@ struct LinearCrossEntropyOptions {
   /// Optional bias `[V]`, the same dtype and device as `weight`; it gets a
   /// gradient when it requires one. Undefined (the default) means none.
   at::Tensor bias;
-  /// Tokens per chunk; 0 (the default) chooses from
-  /// `kLinearCrossEntropyChunkBudgetBytes`. Negative is an error.
+  /// Tokens per chunk; 0 (the default) chooses from the budget
+  /// (`chunk_budget_bytes`). Negative is an error. Given alone (with
+  /// `vocab_chunk_size = 0`), each chunk takes whole rows.
   std::int64_t chunk_size = 0;
+  /// Classes per vocabulary block; 0 (the default) chooses from the budget:
+  /// whole rows unless fewer than 32 of them fit it. With blocks smaller
+  /// than the vocabulary, forward runs an online log-sum-exp over the
+  /// blocks and keeps only the per-token lse, and backward recomputes the
+  /// logits block by block (one GEMM more than the naive loss, in exchange
+  /// for a working set independent of V). Negative is an error.
+  std::int64_t vocab_chunk_size = 0;
+  /// The working-set budget in bytes the automatic chunk sizes are chosen
+  /// for; 0 (the default) means `kLinearCrossEntropyChunkBudgetBytes`.
+  /// Negative is an error.
+  std::int64_t chunk_budget_bytes = 0;
+  /// The dtype the softmax, the loss and grad_weight / grad_bias are
+  /// accumulated in: `c10::ScalarType::Float` or `c10::ScalarType::Double`.
+  /// `Undefined` (the default) means float32, or float64 for float64
+  /// input. float32 with float64 input, and any other dtype, is an error.
+  /// The logits GEMM runs in the input dtype either way (PyTorch's
+  /// `F.linear(...).float()`), and the loss comes back in this dtype.
+  c10::ScalarType accumulation_dtype = c10::ScalarType::Undefined;
   /// Also return the per-token loss (`LossOutput::per_token_loss`).
   bool return_per_token_loss = false;
   /// Also return the per-token log-sum-exp (`LossOutput::lse`).
@@ -113,8 +144,9 @@ struct LinearCrossEntropyOptions {
 
 /// The result of `keel::linear_cross_entropy`.
 struct LossOutput {
-  /// The loss: a scalar for `mean` and `sum`, `target`'s shape for `none`.
-  /// float32 for float16/bfloat16/float32 input, float64 for float64. It
+  /// The loss: a scalar for `mean` and `sum`, `target`'s shape for `none`,
+  /// in the accumulation dtype (float32 for float16/bfloat16/float32 input,
+  /// float64 for float64, unless `accumulation_dtype` says otherwise). It
   /// carries autograd to hidden, weight and bias when they require grad.
   at::Tensor loss;
   /// With `return_per_token_loss`: the per-token loss (target's shape, 0 for
