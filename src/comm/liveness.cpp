@@ -37,6 +37,20 @@ Liveness::~Liveness() {
   thread_.join();
   try {
     store_->set(key(rank_), bytes(kLeft));
+    // Rank 0 hosts the store: it lingers (at most a peer timeout) until
+    // the others have left, so that they never talk to a closed store.
+    if (rank_ == 0 && store_on_rank0_) {
+      std::vector<std::string> keys;
+      for (std::size_t r = 1; r < samples_.size(); ++r) keys.push_back(key(static_cast<int>(r)));
+      const auto deadline = Clock::now() + peer_timeout_;
+      while (!keys.empty() && Clock::now() < deadline) {
+        const auto values = store_->multiGet(keys);
+        bool all_left = true;
+        for (const auto& v : values) all_left = all_left && std::string(v.begin(), v.end()) == kLeft;
+        if (all_left) break;
+        std::this_thread::sleep_for(interval_);
+      }
+    }
   } catch (...) {  // NOLINT(bugprone-empty-catch): the store may be gone first; peers then
                    // see the heartbeat stop instead
   }

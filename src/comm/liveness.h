@@ -2,7 +2,8 @@
 // (`<prefix>hb/<rank>`) from a thread of its own; a waiter asks which peers'
 // counters have not moved for `peer_timeout`, by its own clock (no clocks
 // are compared across machines). A rank that destroys its communicator
-// writes "left", so that peers name it at once.
+// writes "left", so that peers name it at once; rank 0, which hosts the
+// store, then waits (at most a peer timeout) for the others to leave.
 #pragma once
 
 #include <atomic>

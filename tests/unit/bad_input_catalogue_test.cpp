@@ -290,23 +290,23 @@ std::vector<Row> catalogue() {
        }},
       {"comm: send to self", Errc::invalid_argument, "peer",
        [] { return error_of(world().send(at::ones({2}), 0)); }},
-      {"comm: negative tag", Errc::invalid_argument, "tag",
+      {"comm: all_to_all trailing dims differ", Errc::invalid_argument, "trailing dims",
        [] {
-         at::Tensor t = at::ones({2});
-         return error_of(world().recv(t, 1, -1));
+         at::Tensor out = at::empty({2, 3});
+         return error_of(world().all_to_all(out, at::ones({2, 4}), {2}, {2}));
        }},
       {"comm: split with a duplicate rank", Errc::invalid_argument, "ranks",
        [] { return error_of(world().split({0, 0}, "dup")); }},
       {"comm: wait on an empty Work", Errc::invalid_argument, "Work",
        [] { return error_of(keel::comm::Work().wait()); }},
       // --- keel-compat's reader and writer ---------------------------------
-      {"compat: truncated file", Errc::corrupt_data, "offset",
+      {"compat: truncated file", Errc::corrupt_data, "at byte",
        [] { return error_of(keel::harness::decode_safetensors(std::string("\x10\x00\x00", 3))); }},
-      {"compat: header longer than the file", Errc::corrupt_data, "offset",
+      {"compat: header longer than the file", Errc::corrupt_data, "at byte",
        [] {
          return error_of(keel::harness::decode_safetensors(std::string("\xff\x00\x00\x00\x00\x00\x00\x00{}", 10)));
        }},
-      {"compat: header that is not JSON", Errc::corrupt_data, "offset",
+      {"compat: header that is not JSON", Errc::corrupt_data, "at byte",
        [] { return error_of(keel::harness::decode_safetensors(std::string("\x04\0\0\0\0\0\0\0nope", 12))); }},
       {"compat: missing file", Errc::io_error, "/nonexistent",
        [] { return error_of(keel::harness::read_safetensors("/nonexistent/golden.safetensors")); }},
