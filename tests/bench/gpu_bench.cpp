@@ -198,7 +198,8 @@ json bench_loss(bool quick) {
     json r;
     r["forward_backward_ms"] = median_ms([&] { fwd_bwd(f); }, warmup, iters);
     r["forward_backward_peak_bytes"] = peak_bytes([&] { fwd_bwd(f); });
-    r["loss"] = fwd_bwd(f).item<double>();
+    const at::Tensor loss = fwd_bwd(f);
+    r["loss"] = loss.item<double>();
     std::cerr << "gpu_bench: loss " << name << " " << r.dump() << "\n";
     variants[name] = r;
   };

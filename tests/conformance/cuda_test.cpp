@@ -21,6 +21,10 @@ namespace {
 
 using torch::autograd::variable_list;
 
+at::Tensor longs(const std::vector<std::int64_t>& values) {
+  return at::tensor(values);
+}
+
 at::Tensor on(const at::Tensor& t, const at::Device& d) {
   return t.defined() ? t.to(d) : t;
 }
@@ -95,13 +99,12 @@ std::vector<AttentionCase> attention_cases() {
       {"sliding_window", masked({Mask::sliding_window(64, 0)}), false},
       {"sliding_window_both_sides", masked({Mask::sliding_window(40, 17)}), false},
       {"chunked_causal", masked({Mask::chunked_causal(96)}), false},
-      {"prefix_lm", masked({Mask::prefix_lm(at::tensor({37, 150}, at::kLong))}), false},
+      {"prefix_lm", masked({Mask::prefix_lm(longs({37, 150}))}), false},
       {"document", masked({Mask::document(docs, docs)}), false},
-      {"key_padding", masked({Mask::key_padding(at::tensor({kL, 211}, at::kLong))}), false},
+      {"key_padding", masked({Mask::key_padding(longs({kL, 211}))}), false},
       {"block_mask", masked({Mask::block_mask(even_blocks())}), false},
       {"window_or_prefix",
-       masked({Mask::sliding_window(32, 0), Mask::prefix_lm(at::tensor({64, 10}, at::kLong))},
-              MaskCombine::any_of),
+       masked({Mask::sliding_window(32, 0), Mask::prefix_lm(longs({64, 10}))}, MaskCombine::any_of),
        false},
   };
   AttentionSpec bias;
@@ -198,7 +201,7 @@ TEST_P(CudaConformance, AttentionGradientsMatchReferenceAutograd) {
   const at::Device cuda(at::kCUDA, 0);
   const std::int64_t L = 200;
   for (const AttentionSpec& spec : {masked({Mask::causal()}), masked({Mask::sliding_window(48, 0)}),
-                                    masked({Mask::key_padding(at::tensor({L, 133}, at::kLong))})}) {
+                                    masked({Mask::key_padding(longs({L, 133}))})}) {
     const at::Tensor q = at::randn({kB, kHq, L, 32}, at::kDouble);
     const at::Tensor k = at::randn({kB, kHkv, L, 32}, at::kDouble);
     const at::Tensor v = at::randn({kB, kHkv, L, 32}, at::kDouble);
@@ -235,7 +238,7 @@ TEST_P(CudaConformance, InputsOnTwoDevicesAreInvalidArgumentNamingTheArgument) {
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code(), Errc::invalid_argument);
   EXPECT_NE(r.error().message().find("key is on cpu"), std::string::npos) << r.error().message();
-  spec.masks = {Mask::key_padding(at::tensor({9}, at::kLong))};
+  spec.masks = {Mask::key_padding(longs({9}))};
   r = attention(q, q, q, spec);
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code(), Errc::invalid_argument);
