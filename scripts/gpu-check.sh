@@ -237,7 +237,7 @@ if [ "$mode" = dry-run ]; then
     # machine's toolkit lacks cuSPARSELt, NVSHMEM and cuFile).
     unresolved=$(ldd "$build/tests/keel_tests" | awk '/not found/ {print $1}' | sort -u | tr '\n' ' ')
     if [ -z "$unresolved" ]; then
-      step conformance-cuda-skips 120 "$build/tests/keel_tests" --gtest_filter='CudaConformance.*' \
+      step conformance-cuda-skips 120 "$build/tests/keel_tests" --gtest_filter='*CudaConformance.*' \
         --gtest_output="json:$out/conformance-cuda.json" || true
     else
       say "keel_tests and keel_gpu_bench are built but do not load here (missing: $unresolved)"
@@ -247,7 +247,7 @@ if [ "$mode" = dry-run ]; then
   fi
   say "dry run: no GPU here, so the CUDA suite skips and the benchmarks are not run"
 elif [ $built -eq 1 ] && [ $gpu_present -eq 1 ]; then
-  step conformance-cuda 150 "$build/tests/keel_tests" --gtest_filter='CudaConformance.*' \
+  step conformance-cuda 150 "$build/tests/keel_tests" --gtest_filter='*CudaConformance.*' \
     --gtest_output="json:$out/conformance-cuda.json" || true
   step gpu-bench 150 "$build/tests/keel_gpu_bench" --out "$out/gpu-bench.json" || true
   step flex-bench 120 python3 "$root/tests/bench/flex_bench.py" --out "$out/flex.json" || true
@@ -280,8 +280,7 @@ if conf:
     result["conformance_cuda"] = {
         "tests": len(cases), "failed": failed, "skipped": len(skipped),
         "passed": len(cases) - len(failed) - len(skipped),
-        "skip_reasons": sorted({(t.get("skipped") or [{}])[0].get("message", "").strip()
-                                for t in skipped} - {""})}
+        "note": "why a test skipped is in gpu-check.log (gtest's JSON does not carry it)"}
 bench, flex = load("gpu-bench.json"), load("flex.json")
 result["gpu_bench"], result["flex_bench"] = bench, flex
 goals = {}
