@@ -82,6 +82,8 @@ fi
 
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
+# apt takes a .deb by path only when the path has a slash in front.
+[ ! -d "$debs" ] || debs=$(cd "$debs" && pwd)
 log=$out/gpu-check.log
 : > "$log"
 exec > >(tee -a "$log") 2>&1
