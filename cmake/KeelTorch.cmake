@@ -5,8 +5,9 @@
 #
 # In:  KEEL_TORCH_DIR (a libtorch root: include/, lib/) or Torch_DIR (its
 #      share/cmake/Torch), else KEEL_TORCH_RELEASE under KEEL_DEPS_DIR.
-# Out: targets keel::torch_c10, keel::torch_cpu (and keel::torch_cuda);
-#      KEEL_TORCH_ROOT, KEEL_TORCH_VERSION, KEEL_TORCH_VERSION_MAJOR/_MINOR.
+# Out: targets keel::torch_c10, keel::torch_cpu (and keel::torch_cuda, see
+#      KeelCuda.cmake); KEEL_TORCH_ROOT, KEEL_TORCH_VERSION,
+#      KEEL_TORCH_VERSION_MAJOR/_MINOR.
 
 set(KEEL_SUPPORTED_TORCH "2.9.1 and 2.13.0 (any 2.9 <= version; native paths from 2.13)")
 set(KEEL_TORCH_RELEASE "2.13.0" CACHE STRING "libtorch release to use from KEEL_DEPS_DIR")
@@ -89,8 +90,6 @@ if(NOT TARGET keel::torch_c10)
   # the linker find them beside it.
   set_property(TARGET keel::torch_cpu PROPERTY INTERFACE_LINK_OPTIONS "LINKER:-rpath-link,${KEEL_TORCH_ROOT}/lib")
   if(KEEL_WITH_CUDA)
-    _keel_import(torch_c10_cuda libc10_cuda.so)
-    _keel_import(torch_cuda libtorch_cuda.so)
-    set_property(TARGET keel::torch_cuda PROPERTY INTERFACE_LINK_LIBRARIES "keel::torch_cpu;keel::torch_c10_cuda")
+    include("${CMAKE_CURRENT_LIST_DIR}/KeelCuda.cmake")
   endif()
 endif()

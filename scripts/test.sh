@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # keel's test command (README, .ci/run): installs what is missing, then
-# configures, builds and tests keel against libtorch 2.9.1 and 2.13.0.
+# configures, builds and tests keel against libtorch 2.9.1 and 2.13.0, and
+# builds the CUDA configuration.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/fetch-deps.sh
@@ -8,6 +9,10 @@ for preset in torch-2.9 torch-2.13; do
   echo "keel: ===== $preset ====="
   cmake --workflow --preset "$preset"
 done
+# The CUDA configuration is built, not run: CI has no GPU (scripts/gpu-check.sh
+# runs it where there is one).
+echo "keel: ===== torch-2.13-cuda (build only) ====="
+cmake --workflow --preset torch-2.13-cuda
 # The upgrade check across releases: record on 2.9.1, compare on 2.13.0
 # with each adapter; any case out of tolerance fails CI.
 mkdir -p build/upgrade-check

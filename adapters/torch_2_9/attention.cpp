@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include <ATen/DeviceGuard.h>
 #include <absl/strings/str_cat.h>
 
 #include "block_sparse_attention.h"
@@ -24,6 +25,9 @@ class CompatAttention final : public internal::AttentionKernel {
 }  // namespace
 
 internal::AttentionResult compat_attention_route(const internal::AttentionCall& call) {
+  // Both routes allocate on q's device: make it the current one (a no-op on
+  // the CPU), as ATen's own ops do.
+  const at::OptionalDeviceGuard device(at::device_of(call.q));
   const std::string refusal = compat::sdpa_refusal(call.q, call.k, call.v, call.spec);
   internal::AttentionResult r;
   if (refusal.empty()) {

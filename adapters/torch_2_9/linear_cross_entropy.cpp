@@ -2,6 +2,8 @@
 // (compat/chunked_linear_cross_entropy.*), on ATen ops present since 2.9.
 #include "torch_2_9/linear_cross_entropy.h"
 
+#include <ATen/DeviceGuard.h>
+
 #include "chunked_linear_cross_entropy.h"
 
 namespace keel::adapters {
@@ -31,6 +33,9 @@ internal::Support CompatLinearCrossEntropy::supports(
 internal::LinearCrossEntropyResult CompatLinearCrossEntropy::run(
     const internal::LinearCrossEntropyCall& call) const {
   const LinearCrossEntropyOptions& o = call.options;
+  // The chunks allocate on hidden's device: make it current, so that a call
+  // on cuda:1 from a thread whose current device is cuda:0 stays on cuda:1.
+  const at::OptionalDeviceGuard device(at::device_of(call.hidden));
   compat::LinearCrossEntropyConfig config;
   config.reduction = to_compat(o.reduction);
   config.ignore_index = o.ignore_index;

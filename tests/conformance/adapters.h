@@ -1,10 +1,11 @@
 // The adapters compiled into this build, for parameterising conformance
-// suites: every test runs on each.
+// suites: every test runs on each; and whether the CUDA variants can run.
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include <ATen/Context.h>
 #include <gtest/gtest.h>
 #include <keel/keel.h>
 
@@ -20,6 +21,16 @@ inline std::vector<Backend> adapters_in_build() {
 
 inline std::string adapter_name(const ::testing::TestParamInfo<Backend>& info) {
   return std::string(to_string(info.param));
+}
+
+// Why the CUDA variants of the suites cannot run here, or "" when they can:
+// a CUDA test starts with
+//   if (auto why = cuda_unavailable(); !why.empty()) GTEST_SKIP() << why;
+inline std::string cuda_unavailable() {
+  if (!build_info().cuda) return "keel was built without KEEL_WITH_CUDA (no CUDA paths to test)";
+  // at::hasCUDA() is false both without libtorch_cuda and without a device.
+  if (!at::hasCUDA()) return "built with CUDA, but libtorch sees no CUDA device (or no driver)";
+  return {};
 }
 
 }  // namespace keel::testing
