@@ -155,7 +155,7 @@ TEST(CommFamily, AHungWorkerIsKilledAndTheCaseErrs) {
                    std::chrono::milliseconds(1500)});
   const Case c = find_family("comm")->make_cases().front();
   const auto start = Clock::now();
-  const result<Run> run = find_family("comm")->run(c, Backend::compat);
+  const result<harness::Run> run = find_family("comm")->run(c, Backend::compat);
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   set_comm_launch({KEEL_COMPAT_EXE, std::chrono::seconds(60)});
   ASSERT_FALSE(run);
@@ -203,7 +203,7 @@ TEST(CommFamily, NativeOnABuildWithoutItIsSkipped) {
 #else
   set_comm_launch({KEEL_COMPAT_EXE, std::chrono::seconds(60)});
   const Case c = find_family("comm")->make_cases().front();
-  const result<Run> run = find_family("comm")->run(c, Backend::native);
+  const result<harness::Run> run = find_family("comm")->run(c, Backend::native);
   ASSERT_FALSE(run);
   EXPECT_EQ(run.error().code(), Errc::unsupported) << run.error().to_string();
   EXPECT_NE(run.error().message().find("native"), std::string::npos);
@@ -214,7 +214,7 @@ TEST(CommFamily, StoredInputsThatDoNotFitAreAnError) {
   set_comm_launch({KEEL_COMPAT_EXE, std::chrono::seconds(60)});
   Case c = find_family("comm")->make_cases().front();  // all_reduce_sum, [13]
   c.inputs.erase("rank1");
-  const result<Run> missing = find_family("comm")->run(c, Backend::compat);
+  const result<harness::Run> missing = find_family("comm")->run(c, Backend::compat);
   ASSERT_FALSE(missing);
   EXPECT_EQ(missing.error().code(), Errc::corrupt_data);
   EXPECT_NE(missing.error().message().find("rank1"), std::string::npos);
@@ -222,7 +222,7 @@ TEST(CommFamily, StoredInputsThatDoNotFitAreAnError) {
   // Shapes that differ between the ranks never reach the workers.
   c = find_family("comm")->make_cases().front();
   c.inputs["rank1"] = at::zeros({4}, at::kFloat);
-  const result<Run> mismatch = find_family("comm")->run(c, Backend::compat);
+  const result<harness::Run> mismatch = find_family("comm")->run(c, Backend::compat);
   ASSERT_FALSE(mismatch);
   EXPECT_EQ(mismatch.error().code(), Errc::corrupt_data);
   EXPECT_NE(mismatch.error().message().find("shape [4]"), std::string::npos)
