@@ -5,6 +5,9 @@
 //   keel-compat record  --out FILE [--filter A,B] [--backend auto|compat|native]
 //   keel-compat compare --golden FILE [--backend ...] [--repeat N] [--json FILE] [--html FILE]
 //
+// The comm cases start two copies of this program as their ranks, through
+// the hidden command `keel-compat comm-worker ...` (src/harness/suite.h).
+//
 // Exit status: 0 when every compared case passed, 1 when any failed or
 // errored, 2 for a usage error or a file that cannot be read or written.
 #include <unistd.h>
@@ -13,6 +16,7 @@
 #include <fstream>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include <absl/flags/flag.h>
 #include <absl/flags/parse.h>
@@ -69,6 +73,15 @@ keel::result<keel::Backend> backend_flag() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A rank of a comm case: its own small grammar, kept out of --help.
+  if (argc >= 2 && std::string(argv[1]) == "comm-worker") {
+    try {
+      return keel::harness::comm_worker_main(std::vector<std::string>(argv + 2, argv + argc));
+    } catch (const std::exception& e) {
+      std::cerr << "keel-compat comm-worker: internal error: " << e.what() << "\n";
+      return 1;
+    }
+  }
   absl::SetProgramUsageMessage(
       "keel-compat cases|record|compare: record keel's suite on one build, compare on another");
   const auto args = absl::ParseCommandLine(argc, argv);

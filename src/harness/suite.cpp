@@ -21,6 +21,7 @@ const std::vector<std::unique_ptr<Family>>& families() {
     v->push_back(make_logsumexp_family());
     v->push_back(make_attention_family());
     v->push_back(make_loss_family());
+    v->push_back(make_comm_family());
     return v;
   }();
   return *all;

@@ -73,5 +73,25 @@ bool matches_filter(const std::string& id, const std::string& filter);
 std::unique_ptr<Family> make_logsumexp_family();
 std::unique_ptr<Family> make_attention_family();
 std::unique_ptr<Family> make_loss_family();
+std::unique_ptr<Family> make_comm_family();
+
+// How the comm family starts its rank processes: `executable` is run as
+// `EXECUTABLE comm-worker ...` (empty: this process's own, /proc/self/exe,
+// which is keel-compat), and a case whose workers have not all finished
+// within `timeout` has them killed and errors with Errc::timeout.
+struct CommLaunch {
+  std::string executable;
+  std::chrono::milliseconds timeout{std::chrono::seconds(60)};
+};
+void set_comm_launch(const CommLaunch& launch);
+CommLaunch comm_launch();
+
+// keel-compat's hidden `comm-worker` command, one rank of a comm case:
+//   comm-worker --case ID --rank R --port P --inputs FILE --out FILE
+//               [--backend auto|compat|native]
+// `args` are the words after "comm-worker". Returns the exit status: 0 done,
+// 1 the collective failed, 2 usage, 3 the build cannot serve it
+// (Errc::unsupported); failures are printed to stderr.
+int comm_worker_main(const std::vector<std::string>& args);
 
 }  // namespace keel::harness

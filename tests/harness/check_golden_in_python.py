@@ -1,6 +1,7 @@
 """Opens a keel-compat golden file with Python's safetensors, as it is, and
 checks it independently of keel: the metadata, every tensor's dtype and
-shape, and the recorded logsumexp outputs recomputed in numpy (float64).
+shape, the recorded logsumexp outputs recomputed in numpy (float64), and
+the comm cases' rank outputs recomputed exactly from their stored inputs.
 
     python check_golden_in_python.py GOLDEN.safetensors
 """
@@ -15,6 +16,55 @@ with open(path, "rb") as f:
     raw = deserialize(f.read())  # every dtype, bfloat16 included
 names = {name for name, _ in raw}
 
+raw_by_name = dict(raw)
+
+
+def as_array(name):
+    """A tensor as numpy, bfloat16 widened to float32 (exactly)."""
+    t = raw_by_name[name]
+    data = np.frombuffer(t["data"], dtype={"F32": np.float32, "I64": np.int64,
+                                           "BF16": np.uint16}[t["dtype"]])
+    if t["dtype"] == "BF16":
+        data = (data.astype(np.uint32) << 16).view(np.float32)
+    return data.reshape(t["shape"]), t["dtype"]
+
+
+def round_bf16(x):
+    """float32 to the nearest bfloat16 (ties to even), as float32."""
+    u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return u.astype(np.uint32).view(np.float32)
+
+
+def check_comm(case):
+    """A comm case's rank outputs, from its stored rank inputs alone."""
+    cid, opt = case["id"], case["options"]
+    a, dtype = as_array(f"{cid}/in/rank0")
+    b, _ = as_array(f"{cid}/in/rank1")
+    rnd = round_bf16 if dtype == "BF16" else (lambda x: x)
+    op = opt["op"]
+    if op == "all_reduce":
+        if opt["reduce"] == "sum":
+            want = [rnd(a + b)] * 2
+        elif opt["reduce"] == "avg":
+            want = [rnd(a + b) / 2] * 2
+        else:
+            want = [np.maximum(a, b)] * 2
+    elif op == "all_gather":
+        want = [np.concatenate([a, b])] * 2
+    elif op == "reduce_scatter":
+        s = rnd(a + b)
+        want = [s[: len(s) // 2], s[len(s) // 2:]]
+    else:
+        want = [[a, b][opt["root"]]] * 2
+    for r in range(2):
+        got, got_dtype = as_array(f"{cid}/out/rank{r}")
+        assert got_dtype == dtype, (cid, r, got_dtype, dtype)
+        assert got.shape == want[r].shape, (cid, r, got.shape, want[r].shape)
+        assert np.array_equal(got, want[r]), (cid, r)
+    assert case["atol"] == 0 and case["rtol"] == 0, cid
+
+
 with safe_open(path, framework="numpy") as f:
     meta = f.metadata()
     assert meta["keel_format"] == "1", meta
@@ -22,7 +72,12 @@ with safe_open(path, framework="numpy") as f:
     assert len(cases) > 0
     assert set(f.keys()) == names
     checked = 0
+    comm = 0
     for case in cases:
+        if case["operation"] == "comm":
+            check_comm(case)
+            comm += 1
+            continue
         if case["operation"] != "logsumexp" or case["dtype"] not in ("float32", "float64"):
             continue
         cid = case["id"]
@@ -45,4 +100,6 @@ with safe_open(path, framework="numpy") as f:
         assert err <= tol, (cid, err)
         checked += 1
     assert checked >= 4, checked
-print(f"python safetensors: {len(names)} tensors, {len(cases)} cases, {checked} recomputed in numpy: ok")
+    assert comm == 0 or comm == 14, comm
+print(f"python safetensors: {len(names)} tensors, {len(cases)} cases, "
+      f"{checked} logsumexp and {comm} comm cases recomputed in numpy: ok")
