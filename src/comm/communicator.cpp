@@ -99,6 +99,9 @@ struct WorldState {
   std::unique_ptr<Liveness> liveness;
 };
 
+struct WorkState;
+struct ThreadWait;
+
 struct GroupState {
   std::shared_ptr<WorldState> world;
   bool is_world = true;
@@ -113,6 +116,10 @@ struct GroupState {
   std::mutex issue_mutex;  // operations are issued in one order per group
   std::uint64_t seq = 0;
   std::map<std::string, int> splits;  // name -> how many made, under issue_mutex
+  // The last Op::blocking call, under issue_mutex: its work (if the caller
+  // still holds it) and its thread.
+  std::weak_ptr<WorkState> last_blocking;
+  std::shared_ptr<ThreadWait> last_blocking_thread;
 
   std::atomic<bool> aborted{false};
   std::atomic<int> pending{0};
@@ -152,6 +159,24 @@ struct GroupState {
   }
 };
 
+// A c10d call that a thread of keel's own runs to its end, while the caller
+// waits on this with liveness and abort checks. Send and recv works end a
+// timed-out wait by failing, so they are waited on once, for the whole
+// deadline; Gloo's reduce_scatter runs to completion inside the call itself.
+struct ThreadWait {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool finished = false;
+  std::exception_ptr error;
+
+  void done(std::exception_ptr e) {
+    std::lock_guard<std::mutex> lock(mutex);
+    finished = true;
+    error = std::move(e);
+    cv.notify_all();
+  }
+};
+
 struct WorkState {
   std::shared_ptr<GroupState> group;
   c10::intrusive_ptr<c10d::Work> work;  // null: nothing to move (empty tensors)
@@ -162,6 +187,7 @@ struct WorkState {
   Clock::time_point start;
   Clock::time_point deadline;
   bool p2p = false;
+  std::shared_ptr<ThreadWait> thread;  // set when a keel thread runs the call
   std::function<void()> finish;  // on success, e.g. avg's division
   std::mutex mutex;
   std::optional<result<void>> outcome;
@@ -181,6 +207,7 @@ struct Access {
 namespace {
 
 using detail::GroupState;
+using detail::ThreadWait;
 using detail::WorkState;
 using detail::WorldState;
 
@@ -335,15 +362,6 @@ bool wait_slice(c10d::Work& work, Millis slice) {
   }
 }
 
-// Send and recv works end their wait by failing when it times out, so one
-// thread waits on them once, for the whole deadline, and the waiter polls it.
-struct P2PWait {
-  std::mutex mutex;
-  std::condition_variable cv;
-  bool finished = false;
-  std::exception_ptr error;
-};
-
 result<void> wait_work(WorkState& w, Clock::time_point deadline) {
   GroupState& g = *w.group;
   Liveness& live = *g.world->liveness;
@@ -359,11 +377,10 @@ result<void> wait_work(WorkState& w, Clock::time_point deadline) {
     log_done(w, "completed");
     return success();
   };
-  if (!w.work) return finished_ok();
-
-  std::shared_ptr<P2PWait> p2p;
-  if (w.p2p) {
-    p2p = std::make_shared<P2PWait>();
+  std::shared_ptr<ThreadWait> p2p = w.thread;
+  if (!w.work && !p2p) return finished_ok();
+  if (!p2p && w.p2p) {
+    p2p = std::make_shared<ThreadWait>();
     auto work = w.work;
     const auto budget = std::chrono::duration_cast<Millis>(deadline - Clock::now()) + Millis(1000);
     std::thread([work, p2p, budget] {
@@ -373,12 +390,13 @@ result<void> wait_work(WorkState& w, Clock::time_point deadline) {
       } catch (...) {
         error = std::current_exception();
       }
-      std::lock_guard<std::mutex> lock(p2p->mutex);
-      p2p->finished = true;
-      p2p->error = error;
-      p2p->cv.notify_all();
+      p2p->done(error);
     }).detach();
   }
+  // Only send and recv works can be woken early (Work::abort).
+  auto stop = [&] {
+    if (w.p2p && w.work) w.work->abort();
+  };
 
   // The first slice is long enough for most operations, so that a healthy
   // collective costs one condition-variable wait, as in raw c10d.
@@ -386,7 +404,7 @@ result<void> wait_work(WorkState& w, Clock::time_point deadline) {
   while (true) {
     if (g.aborted.load()) {
       g.recorder->finish(w.seq, "aborted", g.cause_text());
-      if (p2p) w.work->abort();
+      stop();
       return aborted_error(g, w.what);
     }
     const auto now = Clock::now();
@@ -424,13 +442,13 @@ result<void> wait_work(WorkState& w, Clock::time_point deadline) {
     }
     auto lost = live.lost(g.world_ranks);
     if (!lost.empty()) {
-      if (p2p) w.work->abort();
+      stop();
       return fail(g, w.seq, "peer_lost",
                   Error(Errc::peer_lost,
                         absl::StrCat("keel::comm: ", w.what, ": ", describe_lost(g, lost))));
     }
     if (Clock::now() >= deadline) {
-      if (p2p) w.work->abort();
+      stop();
       const auto waited = std::chrono::duration_cast<Millis>(Clock::now() - w.start).count();
       return fail(g, w.seq, "timed_out",
                   Error(Errc::timeout,
@@ -565,6 +583,11 @@ struct Op {
   std::uint64_t bytes = 0;
   bool empty = false;  // nothing to move on any rank: skipped
   bool p2p = false;
+  // c10d runs it to completion inside the call (Gloo's reduce_scatter):
+  // keel runs the call on a thread of its own and waits for it before
+  // returning, so the wait stays bounded and watches the heartbeats. `start`
+  // must then own what it captures.
+  bool blocking = false;
   std::vector<int> peers;  // world ranks; empty: the whole group
   std::optional<Descriptor> check;
   std::function<void()> finish;
@@ -587,6 +610,19 @@ result<Work> issue(const std::shared_ptr<GroupState>& g, Op op, const CallOption
   if (!timeout) return timeout.error();
 
   std::lock_guard<std::mutex> lock(g->issue_mutex);
+  // c10d must see the group's operations in one order on every rank: one
+  // that keel's thread is still issuing (Op::blocking) finishes first.
+  if (auto previous = g->last_blocking.lock()) {
+    (void)detail::Access::work(std::move(previous)).wait();
+  } else if (auto thread = g->last_blocking_thread) {
+    std::unique_lock<std::mutex> wait(thread->mutex);
+    if (!thread->cv.wait_for(wait, g->world->options.timeout, [&] { return thread->finished; })) {
+      g->abort_with(absl::StrCat(what_base, ": the reduce_scatter before it never finished"));
+    }
+  }
+  g->last_blocking.reset();
+  g->last_blocking_thread.reset();
+  if (g->aborted.load()) return aborted_error(*g, what_base);
   auto w = std::make_shared<WorkState>();
   w->group = g;
   w->seq = ++g->seq;
@@ -618,6 +654,21 @@ result<Work> issue(const std::shared_ptr<GroupState>& g, Op op, const CallOption
       w->done = true;
       return checked.error();
     }
+  }
+  if (!op.empty && op.blocking) {
+    w->thread = std::make_shared<ThreadWait>();
+    std::thread([thread = w->thread, start, t = timeout.value()]() mutable {
+      std::exception_ptr error;
+      try {
+        start(t)->wait();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      thread->done(error);
+    }).detach();
+    g->last_blocking = w;  // the group's next operation waits for it
+    g->last_blocking_thread = w->thread;
+    return detail::Access::work(std::move(w));
   }
   if (!op.empty) {
     auto started = internal::guarded(w->op, g->world->dispatch.adapter,
@@ -828,7 +879,12 @@ bool Work::is_completed() const noexcept {
   if (!state_) return false;
   if (state_->done.load()) return true;
   try {
-    return !state_->work || state_->work->isCompleted() || state_->group->aborted.load();
+    if (state_->group->aborted.load()) return true;
+    if (state_->thread) {
+      std::lock_guard<std::mutex> lock(state_->thread->mutex);
+      return state_->thread->finished;
+    }
+    return !state_->work || state_->work->isCompleted();
   } catch (...) {
     return true;
   }
@@ -1024,11 +1080,13 @@ result<Work> Communicator::reduce_scatter_async(at::Tensor& output, const at::Te
     const int n = state_->size;
     d.finish = [t, n]() mutable { t.div_(n); };
   }
-  at::Tensor out = output;
-  at::Tensor in = input;
-  return issue(state_, std::move(d), call, [&](Millis timeout) {
-    return state_->engine->reduce_scatter(out, in, to_c10d(op), timeout);
-  });
+  // Gloo's _reduce_scatter_base finishes inside the call (an allreduce it
+  // waits on), so keel runs it on a thread of its own (Op::blocking).
+  d.blocking = state_->world->backend == CommBackend::gloo;
+  return issue(state_, std::move(d), call,
+               [g = state_, out = output, in = input, op](Millis timeout) mutable {
+                 return g->engine->reduce_scatter(out, in, to_c10d(op), timeout);
+               });
 }
 
 result<void> Communicator::reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op,
