@@ -188,7 +188,7 @@ struct WorkState {
   Clock::time_point deadline;
   bool p2p = false;
   std::shared_ptr<ThreadWait> thread;  // set when a keel thread runs the call
-  std::function<void()> finish;  // on success, e.g. avg's division
+  std::function<void()> finish;        // on success, e.g. avg's division
   std::mutex mutex;
   std::optional<result<void>> outcome;
   std::atomic<bool> done{false};
@@ -1205,24 +1205,35 @@ result<void> check_peer(const GroupState& g, std::string_view op, int peer, int 
 
 }  // namespace
 
-result<Work> Communicator::send_async(const at::Tensor& tensor, int peer, int tag,
-                                      const CallOptions& call) {
-  const char* name = "send";
-  auto ok = check_tensor(*state_, name, "tensor", tensor);
+namespace {
+
+// send and recv: the same checks and record, one direction each.
+result<Work> p2p_async(const std::shared_ptr<GroupState>& g, bool sending, const at::Tensor& tensor,
+                       int peer, int tag, const CallOptions& call) {
+  const char* name = sending ? "send" : "recv";
+  auto ok = check_tensor(*g, name, "tensor", tensor);
   if (!ok) return ok.error();
-  ok = check_peer(*state_, name, peer, tag);
+  ok = check_peer(*g, name, peer, tag);
   if (!ok) return ok.error();
   Op d;
   d.name = name;
-  d.detail = absl::StrCat("(to ", peer, ", tag ", tag, ")");
+  d.detail = absl::StrCat(sending ? "(to " : "(from ", peer, ", tag ", tag, ")");
   d.tensor = &tensor;
   d.bytes = nbytes(tensor);
   d.empty = tensor.numel() == 0;
   d.p2p = true;
-  d.peers = {state_->world_ranks[static_cast<std::size_t>(peer)]};
+  d.peers = {g->world_ranks[static_cast<std::size_t>(peer)]};
   at::Tensor t = tensor;
-  return issue(state_, std::move(d), call,
-               [&](Millis /*timeout*/) { return state_->engine->send(t, peer, tag); });
+  return issue(g, std::move(d), call, [&](Millis /*timeout*/) {
+    return sending ? g->engine->send(t, peer, tag) : g->engine->recv(t, peer, tag);
+  });
+}
+
+}  // namespace
+
+result<Work> Communicator::send_async(const at::Tensor& tensor, int peer, int tag,
+                                      const CallOptions& call) {
+  return p2p_async(state_, true, tensor, peer, tag, call);
 }
 
 result<void> Communicator::send(const at::Tensor& tensor, int peer, int tag,
@@ -1232,22 +1243,7 @@ result<void> Communicator::send(const at::Tensor& tensor, int peer, int tag,
 
 result<Work> Communicator::recv_async(at::Tensor& tensor, int peer, int tag,
                                       const CallOptions& call) {
-  const char* name = "recv";
-  auto ok = check_tensor(*state_, name, "tensor", tensor);
-  if (!ok) return ok.error();
-  ok = check_peer(*state_, name, peer, tag);
-  if (!ok) return ok.error();
-  Op d;
-  d.name = name;
-  d.detail = absl::StrCat("(from ", peer, ", tag ", tag, ")");
-  d.tensor = &tensor;
-  d.bytes = nbytes(tensor);
-  d.empty = tensor.numel() == 0;
-  d.p2p = true;
-  d.peers = {state_->world_ranks[static_cast<std::size_t>(peer)]};
-  at::Tensor t = tensor;
-  return issue(state_, std::move(d), call,
-               [&](Millis /*timeout*/) { return state_->engine->recv(t, peer, tag); });
+  return p2p_async(state_, false, tensor, peer, tag, call);
 }
 
 result<void> Communicator::recv(at::Tensor& tensor, int peer, int tag, const CallOptions& call) {
