@@ -241,13 +241,12 @@ std::string dtype_text(const at::Tensor& t) {
     case at::kBool:
       return "bool";
     default:
-      return std::string(c10::toString(t.scalar_type()));
+      return {c10::toString(t.scalar_type())};
   }
 }
 
-Error invalid(std::string_view op, std::string message) {
-  return Error(Errc::invalid_argument,
-               absl::StrCat("keel::comm::", to_absl(op), ": ", std::move(message)));
+Error invalid(std::string_view op, const std::string& message) {
+  return {Errc::invalid_argument, absl::StrCat("keel::comm::", to_absl(op), ": ", message)};
 }
 
 std::string peer_name(const GroupState& g, int world_rank) {
@@ -292,19 +291,19 @@ result<std::string> write_trace(GroupState& g, const std::string& path_in) {
 
 // A failure of an operation: aborts the group, dumps the flight recorder,
 // logs, and returns `error` with the dump's path.
-Error fail(GroupState& g, std::uint64_t seq, const char* state, Error error) {
+Error fail(GroupState& g, std::uint64_t seq, const char* state, const Error& error) {
   g.recorder->finish(seq, state, error.message());
   g.abort_with(error.message());
   auto path = write_trace(g, {});
   std::string message = error.message();
   if (path) absl::StrAppend(&message, " (flight recorder: ", path.value(), ")");
   if (internal::log_enabled("comm")) internal::log_line("comm", message);
-  return Error(error.code(), std::move(message));
+  return {error.code(), std::move(message)};
 }
 
 Error aborted_error(GroupState& g, const std::string& what) {
-  return Error(Errc::aborted, absl::StrCat("keel::comm: ", what, ": the communicator '", g.name,
-                                           "' was aborted: ", g.cause_text()));
+  return {Errc::aborted, absl::StrCat("keel::comm: ", what, ": the communicator '", g.name,
+                                      "' was aborted: ", g.cause_text())};
 }
 
 // Classifies an exception c10d left on a finished work.
@@ -477,6 +476,7 @@ result<void> check_metadata(GroupState& g, std::uint64_t seq, const std::string&
   c10d::Store& store = *g.world->store;
   auto key = [&](std::uint64_t s, int r) { return absl::StrCat(g.prefix, "check/", s, "/", r); };
   std::vector<std::string> keys;
+  keys.reserve(static_cast<std::size_t>(g.size));
   for (int r = 0; r < g.size; ++r) keys.push_back(key(seq, r));
   auto posted = internal::guarded(what, "checked mode", [&] {
     store.set(keys[g.rank], std::vector<std::uint8_t>(mine.text.begin(), mine.text.end()));
@@ -526,6 +526,7 @@ result<void> check_metadata(GroupState& g, std::uint64_t seq, const std::string&
     for (int r = 0; r < g.size; ++r) by_text[texts[r]].push_back(r);
     if (by_text.size() > 1) {
       std::vector<std::string> parts;
+      parts.reserve(by_text.size());
       for (const auto& [text, ranks] : by_text) {
         parts.push_back(
             absl::StrCat("rank", ranks.size() == 1 ? " " : "s ", list_ranks(ranks), ": ", text));
@@ -536,6 +537,7 @@ result<void> check_metadata(GroupState& g, std::uint64_t seq, const std::string&
     // "dtype|trailing|in|out": dtype and trailing dims agree, and what rank
     // i sends to j is what j expects from i.
     std::vector<std::vector<std::string>> f;
+    f.reserve(texts.size());
     for (const auto& t : texts) f.push_back(absl::StrSplit(t, '|'));
     auto split = [](const std::string& s) {
       std::vector<std::int64_t> v;
@@ -966,9 +968,7 @@ result<Work> Communicator::all_reduce_async(at::Tensor& tensor, ReduceOp op,
   d.empty = tensor.numel() == 0;
   d.check = plain(tensor, d.detail);
   if (op == ReduceOp::avg) {
-    at::Tensor t = tensor;
-    const int n = state_->size;
-    d.finish = [t, n]() mutable { t.div_(n); };
+    d.finish = [t = tensor, n = state_->size]() mutable { t.div_(n); };
   }
   at::Tensor t = tensor;
   return issue(state_, std::move(d), call,
@@ -1076,9 +1076,7 @@ result<Work> Communicator::reduce_scatter_async(at::Tensor& output, const at::Te
   d.empty = input.numel() == 0;
   d.check = plain(input, d.detail);
   if (op == ReduceOp::avg) {
-    at::Tensor t = output;
-    const int n = state_->size;
-    d.finish = [t, n]() mutable { t.div_(n); };
+    d.finish = [t = output, n = state_->size]() mutable { t.div_(n); };
   }
   // Gloo's _reduce_scatter_base finishes inside the call (an allreduce it
   // waits on), so keel runs it on a thread of its own (Op::blocking).

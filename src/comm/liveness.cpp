@@ -46,7 +46,8 @@ Liveness::~Liveness() {
       while (!keys.empty() && Clock::now() < deadline) {
         const auto values = store_->multiGet(keys);
         bool all_left = true;
-        for (const auto& v : values) all_left = all_left && std::string(v.begin(), v.end()) == kLeft;
+        for (const auto& v : values)
+          all_left = all_left && std::string(v.begin(), v.end()) == kLeft;
         if (all_left) break;
         std::this_thread::sleep_for(interval_);
       }

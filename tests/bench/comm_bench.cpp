@@ -85,11 +85,12 @@ int worker(int rank, int n, int port, int rounds) {
       c10::make_intrusive<c10d::PrefixStore>("raw", store), rank, n, go);
 
   if (rank == 0) {
-    std::printf("keel::comm vs raw c10d ProcessGroupGloo: %d ranks on loopback, float32, "
-                "medians of %d rounds, contenders alternated\n\n",
-                n, rounds);
-    std::printf("%10s %14s %14s %12s %12s %10s\n", "bytes", "keel us/op", "raw us/op",
-                "keel GB/s", "raw GB/s", "keel/raw");
+    std::printf(
+        "keel::comm vs raw c10d ProcessGroupGloo: %d ranks on loopback, float32, "
+        "medians of %d rounds, contenders alternated\n\n",
+        n, rounds);
+    std::printf("%10s %14s %14s %12s %12s %10s\n", "bytes", "keel us/op", "raw us/op", "keel GB/s",
+                "raw GB/s", "keel/raw");
   }
   const double factor = 2.0 * (n - 1) / n;
   for (std::int64_t bytes = 4 << 10; bytes <= (64 << 20); bytes *= 4) {
@@ -113,8 +114,9 @@ int worker(int rank, int n, int port, int rounds) {
     }
   }
   if (rank == 0) {
-    std::printf("\n(keel/raw is bus bandwidth keel / raw; at 4 KiB, latency keel / raw is its "
-                "inverse)\n");
+    std::printf(
+        "\n(keel/raw is bus bandwidth keel / raw; at 4 KiB, latency keel / raw is its "
+        "inverse)\n");
   }
 
   // Concurrent reduce-scatter (dedicated group) + all-gather (world).
@@ -148,9 +150,10 @@ int worker(int rank, int n, int port, int rounds) {
         3));
   }
   if (rank == 0) {
-    std::printf("\nreduce_scatter (dedicated group) + all_gather (world), 16 MiB shards: "
-                "concurrent %.1f ms, in sequence %.1f ms, concurrent / sequence %.3f\n",
-                median(both) * 1e3, median(serial) * 1e3, median(both) / median(serial));
+    std::printf(
+        "\nreduce_scatter (dedicated group) + all_gather (world), 16 MiB shards: "
+        "concurrent %.1f ms, in sequence %.1f ms, concurrent / sequence %.3f\n",
+        median(both) * 1e3, median(serial) * 1e3, median(both) / median(serial));
   }
   (void)comm.barrier();
   raw->barrier()->wait();
@@ -167,10 +170,14 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const int v = std::atoi(argv[i + 1]);
-    if (k == "--ranks") n = v;
-    else if (k == "--rounds") rounds = v;
-    else if (k == "--rank") rank = v;
-    else if (k == "--port") port = v;
+    if (k == "--ranks")
+      n = v;
+    else if (k == "--rounds")
+      rounds = v;
+    else if (k == "--rank")
+      rank = v;
+    else if (k == "--port")
+      port = v;
     else {
       std::fprintf(stderr, "usage: keel_comm_bench [--ranks N] [--rounds R]\n");
       return 2;
@@ -186,8 +193,8 @@ int main(int argc, char** argv) {
   port = free_port();
   std::vector<pid_t> pids;
   for (int r = 0; r < n; ++r) {
-    std::vector<std::string> args{"/proc/self/exe", "--ranks", std::to_string(n), "--rounds",
-                                  std::to_string(rounds), "--rank", std::to_string(r), "--port",
+    std::vector<std::string> args{"/proc/self/exe",       "--ranks", std::to_string(n), "--rounds",
+                                  std::to_string(rounds), "--rank",  std::to_string(r), "--port",
                                   std::to_string(port)};
     std::vector<char*> argv_r;
     for (auto& a : args) argv_r.push_back(a.data());

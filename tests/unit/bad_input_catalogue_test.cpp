@@ -4,12 +4,12 @@
 // may abort, hang or throw.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <filesystem>
 #include <functional>
 #include <limits>
 #include <optional>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -36,8 +36,12 @@ std::optional<Error> error_of(const R& r) {
   return r.error();
 }
 
-at::Tensor q() { return at::randn({1, 2, 8, 4}); }
-at::Tensor kv() { return at::randn({1, 2, 8, 4}); }
+at::Tensor q() {
+  return at::randn({1, 2, 8, 4});
+}
+at::Tensor kv() {
+  return at::randn({1, 2, 8, 4});
+}
 
 std::optional<Error> attend(const at::Tensor& qq, const at::Tensor& kk, const at::Tensor& vv,
                             const keel::AttentionSpec& spec = {}) {
@@ -55,9 +59,15 @@ std::optional<Error> lce(const at::Tensor& h, const at::Tensor& w, const at::Ten
   return error_of(keel::linear_cross_entropy(h, w, y, o));
 }
 
-at::Tensor h() { return at::randn({4, 8}); }
-at::Tensor w() { return at::randn({10, 8}); }
-at::Tensor y() { return at::tensor({1, 2, 3, 4}, at::kLong); }
+at::Tensor h() {
+  return at::randn({4, 8});
+}
+at::Tensor w() {
+  return at::randn({10, 8});
+}
+at::Tensor y() {
+  return at::tensor({1, 2, 3, 4}, at::kLong);
+}
 
 keel::LinearCrossEntropyOptions lopt(std::function<void(keel::LinearCrossEntropyOptions&)> f) {
   keel::LinearCrossEntropyOptions o;
@@ -98,44 +108,67 @@ std::vector<Row> catalogue() {
   std::vector<Row> rows = {
       // --- attention -------------------------------------------------------
       {"attention: q of rank 3", Errc::invalid_argument, "q",
-       [] { return attend(at::randn({2, 8, 4}), kv(), kv()); }},
+       [] {
+         return attend(at::randn({2, 8, 4}), kv(), kv());
+       }},
       {"attention: k of rank 5", Errc::invalid_argument, "k",
-       [] { return attend(q(), at::randn({1, 1, 2, 8, 4}), kv()); }},
+       [] {
+         return attend(q(), at::randn({1, 1, 2, 8, 4}), kv());
+       }},
       {"attention: undefined v", Errc::invalid_argument, "v",
        [] { return attend(q(), kv(), at::Tensor()); }},
       {"attention: batch mismatch", Errc::invalid_argument, "batch",
-       [] { return attend(q(), at::randn({2, 2, 8, 4}), at::randn({2, 2, 8, 4})); }},
+       [] {
+         return attend(q(), at::randn({2, 2, 8, 4}), at::randn({2, 2, 8, 4}));
+       }},
       {"attention: head dim mismatch", Errc::invalid_argument, "k",
-       [] { return attend(q(), at::randn({1, 2, 8, 5}), kv()); }},
+       [] {
+         return attend(q(), at::randn({1, 2, 8, 5}), kv());
+       }},
       {"attention: Hq not a multiple of Hkv", Errc::invalid_argument, "Hq",
-       [] { return attend(at::randn({1, 3, 8, 4}), kv(), kv()); }},
+       [] {
+         return attend(at::randn({1, 3, 8, 4}), kv(), kv());
+       }},
       {"attention: k and v lengths differ", Errc::invalid_argument, "v",
-       [] { return attend(q(), kv(), at::randn({1, 2, 7, 4})); }},
+       [] {
+         return attend(q(), kv(), at::randn({1, 2, 7, 4}));
+       }},
       {"attention: dtype mismatch", Errc::invalid_argument, "dtype",
        [] { return attend(q(), kv().to(at::kDouble), kv()); }},
       {"attention: integer q", Errc::invalid_argument, "q",
-       [] { return attend(at::ones({1, 2, 8, 4}, at::kLong), kv(), kv()); }},
+       [] {
+         return attend(at::ones({1, 2, 8, 4}, at::kLong), kv(), kv());
+       }},
       {"attention: negative window", Errc::invalid_argument, "window",
        [] { return attend(q(), kv(), kv(), with(keel::Mask::sliding_window(-1, 0))); }},
       {"attention: zero chunk", Errc::invalid_argument, "chunk",
        [] { return attend(q(), kv(), kv(), with(keel::Mask::chunked_causal(0))); }},
       {"attention: document ids of wrong length", Errc::invalid_argument, "document",
        [] {
-         return attend(q(), kv(), kv(),
-                       with(keel::Mask::document(at::zeros({7}, at::kLong), at::zeros({8}, at::kLong))));
+         return attend(
+             q(), kv(), kv(),
+             with(keel::Mask::document(at::zeros({7}, at::kLong), at::zeros({8}, at::kLong))));
        }},
       {"attention: float document ids", Errc::invalid_argument, "document",
        [] {
          return attend(q(), kv(), kv(), with(keel::Mask::document(at::zeros({8}), at::zeros({8}))));
        }},
       {"attention: prefix lengths of wrong batch", Errc::invalid_argument, "prefix",
-       [] { return attend(q(), kv(), kv(), with(keel::Mask::prefix_lm(at::zeros({3}, at::kLong)))); }},
+       [] {
+         return attend(q(), kv(), kv(), with(keel::Mask::prefix_lm(at::zeros({3}, at::kLong))));
+       }},
       {"attention: key padding lengths of wrong batch", Errc::invalid_argument, "kv_lengths",
-       [] { return attend(q(), kv(), kv(), with(keel::Mask::key_padding(at::zeros({2}, at::kLong)))); }},
+       [] {
+         return attend(q(), kv(), kv(), with(keel::Mask::key_padding(at::zeros({2}, at::kLong))));
+       }},
       {"attention: boolean mask of wrong shape", Errc::invalid_argument, "mask",
-       [] { return attend(q(), kv(), kv(), with(keel::Mask::from_tensor(at::ones({8, 9}, at::kBool)))); }},
+       [] {
+         return attend(q(), kv(), kv(), with(keel::Mask::from_tensor(at::ones({8, 9}, at::kBool))));
+       }},
       {"attention: integer mask tensor", Errc::invalid_argument, "mask",
-       [] { return attend(q(), kv(), kv(), with(keel::Mask::from_tensor(at::ones({8, 8}, at::kInt)))); }},
+       [] {
+         return attend(q(), kv(), kv(), with(keel::Mask::from_tensor(at::ones({8, 8}, at::kInt))));
+       }},
       {"attention: block counts above KVb", Errc::invalid_argument, "kv_num_blocks",
        [] {
          keel::BlockMask b;
@@ -182,21 +215,29 @@ std::vector<Row> catalogue() {
        }},
       // --- fused loss ------------------------------------------------------
       {"loss: D of hidden differs from weight", Errc::invalid_argument, "weight",
-       [] { return lce(h(), at::randn({10, 7}), y()); }},
+       [] {
+         return lce(h(), at::randn({10, 7}), y());
+       }},
       {"loss: target shape", Errc::invalid_argument, "target",
        [] { return lce(h(), w(), at::zeros({3}, at::kLong)); }},
       {"loss: float target", Errc::invalid_argument, "target",
        [] { return lce(h(), w(), at::zeros({4})); }},
       {"loss: target outside [0, V)", Errc::invalid_argument, "target",
-       [] { return lce(h(), w(), at::tensor({1, 2, 10, 4}, at::kLong)); }},
+       [] {
+         return lce(h(), w(), at::tensor({1, 2, 10, 4}, at::kLong));
+       }},
       {"loss: negative target other than ignore_index", Errc::invalid_argument, "target",
-       [] { return lce(h(), w(), at::tensor({1, -5, 3, 4}, at::kLong)); }},
+       [] {
+         return lce(h(), w(), at::tensor({1, -5, 3, 4}, at::kLong));
+       }},
       {"loss: dtype mismatch", Errc::invalid_argument, "dtype",
        [] { return lce(h(), w().to(at::kDouble), y()); }},
       {"loss: hidden of rank 1", Errc::invalid_argument, "hidden",
        [] { return lce(at::randn({8}), w(), y()); }},
       {"loss: weight of rank 3", Errc::invalid_argument, "weight",
-       [] { return lce(h(), at::randn({10, 8, 1}), y()); }},
+       [] {
+         return lce(h(), at::randn({10, 8, 1}), y());
+       }},
       {"loss: smoothing above 1", Errc::invalid_argument, "label_smoothing",
        [] { return lce(h(), w(), y(), lopt([](auto& o) { o.label_smoothing = 1.5; })); }},
       {"loss: NaN smoothing", Errc::invalid_argument, "label_smoothing",
@@ -213,7 +254,8 @@ std::vector<Row> catalogue() {
        [] { return lce(h(), w(), y(), lopt([](auto& o) { o.logit_softcap = -1.0; })); }},
       {"loss: unknown reduction", Errc::invalid_argument, "reduction",
        [] {
-         return lce(h(), w(), y(), lopt([](auto& o) { o.reduction = static_cast<keel::Reduction>(7); }));
+         return lce(h(), w(), y(),
+                    lopt([](auto& o) { o.reduction = static_cast<keel::Reduction>(7); }));
        }},
       {"loss: undefined hidden", Errc::invalid_argument, "hidden",
        [] { return lce(at::Tensor(), w(), y()); }},
@@ -233,7 +275,9 @@ std::vector<Row> catalogue() {
          return error_of(keel::logsumexp(at::randn({2, 3}), o));
        }},
       {"logsumexp: integer input", Errc::invalid_argument, "input",
-       [] { return error_of(keel::logsumexp(at::ones({2, 3}, at::kLong))); }},
+       [] {
+         return error_of(keel::logsumexp(at::ones({2, 3}, at::kLong)));
+       }},
       // --- communicator ----------------------------------------------------
       {"comm: unknown rendezvous scheme", Errc::invalid_argument, "rendezvous",
        [] { return comm_create([](auto& o) { o.rendezvous = "udp://x:1"; }); }},
@@ -296,7 +340,9 @@ std::vector<Row> catalogue() {
          return error_of(world().all_to_all(out, at::ones({2, 4}), {2}, {2}));
        }},
       {"comm: split with a duplicate rank", Errc::invalid_argument, "ranks",
-       [] { return error_of(world().split({0, 0}, "dup")); }},
+       [] {
+         return error_of(world().split({0, 0}, "dup"));
+       }},
       {"comm: wait on an empty Work", Errc::invalid_argument, "Work",
        [] { return error_of(keel::comm::Work().wait()); }},
       // --- keel-compat's reader and writer ---------------------------------
@@ -304,10 +350,14 @@ std::vector<Row> catalogue() {
        [] { return error_of(keel::harness::decode_safetensors(std::string("\x10\x00\x00", 3))); }},
       {"compat: header longer than the file", Errc::corrupt_data, "at byte",
        [] {
-         return error_of(keel::harness::decode_safetensors(std::string("\xff\x00\x00\x00\x00\x00\x00\x00{}", 10)));
+         return error_of(keel::harness::decode_safetensors(
+             std::string("\xff\x00\x00\x00\x00\x00\x00\x00{}", 10)));
        }},
       {"compat: header that is not JSON", Errc::corrupt_data, "at byte",
-       [] { return error_of(keel::harness::decode_safetensors(std::string("\x04\0\0\0\0\0\0\0nope", 12))); }},
+       [] {
+         return error_of(
+             keel::harness::decode_safetensors(std::string("\x04\0\0\0\0\0\0\0nope", 12)));
+       }},
       {"compat: missing file", Errc::io_error, "/nonexistent",
        [] { return error_of(keel::harness::read_safetensors("/nonexistent/golden.safetensors")); }},
       {"compat: unwritable output", Errc::io_error, "/nonexistent-dir",

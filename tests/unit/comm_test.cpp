@@ -4,10 +4,10 @@
 // tests/distributed/.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
-#include <unistd.h>
 
 #include <ATen/ATen.h>
 
@@ -77,7 +77,10 @@ TEST(CommOptions, BadOptionsNameTheArgument) {
       {[](CommOptions& o) { o.generation = -2; }, "generation: expected >= 0"},
       {[](CommOptions& o) { o.backend = keel::comm::CommBackend::nccl; }, "device: backend nccl"},
       {[](CommOptions& o) { o.backend = static_cast<keel::comm::CommBackend>(9); }, "backend"},
-      {[](CommOptions& o) { o.device = at::Device(at::kCUDA, 0); o.backend = keel::comm::CommBackend::gloo; },
+      {[](CommOptions& o) {
+         o.device = at::Device(at::kCUDA, 0);
+         o.backend = keel::comm::CommBackend::gloo;
+       },
        "device: backend gloo serves CPU tensors"},
       {[](CommOptions& o) { o.dispatch.backend = static_cast<keel::Backend>(9); }, "backend"},
   };
