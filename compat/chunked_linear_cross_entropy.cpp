@@ -318,7 +318,7 @@ void forward_pass(const Problem& p, const LinearCrossEntropyConfig& config,
   const std::int64_t n_tokens = p.hidden.size(0);
   const std::int64_t vocab = p.weight.size(0);
   const bool whole_rows = p.plan.vocab == vocab;
-  TORCH_INTERNAL_ASSERT(grads == nullptr || whole_rows);
+  TORCH_INTERNAL_ASSERT(grads == nullptr || whole_rows, "gradients in forward need whole rows");
   const Workspace ws(p, config, grads != nullptr);
   const at::Tensor& cw = p.class_weights;
   for (std::int64_t start = 0; start < n_tokens; start += p.plan.tokens) {

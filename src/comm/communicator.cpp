@@ -761,7 +761,7 @@ std::string trailing_text(const at::Tensor& t) {
 // --- making groups ------------------------------------------------------
 
 result<void> validate_options(const CommOptions& o) {
-  auto bad = [](std::string m) { return invalid("Communicator::create", std::move(m)); };
+  auto bad = [](const std::string& m) { return invalid("Communicator::create", m); };
   if (o.timeout.count() <= 0)
     return bad(absl::StrCat("timeout: expected > 0 ms, got ", o.timeout.count()));
   if (o.heartbeat_interval.count() <= 0) {

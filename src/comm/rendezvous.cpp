@@ -19,8 +19,8 @@ namespace {
 
 constexpr const char* kOp = "keel::comm::Communicator::create";
 
-Error bad(std::string message) {
-  return Error(Errc::invalid_argument, absl::StrCat(kOp, ": ", message));
+Error bad(const std::string& message) {
+  return {Errc::invalid_argument, absl::StrCat(kOp, ": ", message)};
 }
 
 // An integer environment variable: nullopt when unset, an error when set but

@@ -11,11 +11,11 @@
 // gets the case skipped with the worker's reason.
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <csignal>
 
 #include <algorithm>
 #include <array>
@@ -306,6 +306,7 @@ class CommFamily final : public Family {
         args.emplace_back(to_string(backend));
       }
       std::vector<char*> argv;
+      argv.reserve(args.size() + 1);
       for (std::string& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
       posix_spawn_file_actions_t actions;
