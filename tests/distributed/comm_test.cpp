@@ -4,6 +4,8 @@
 // errors and timings, and prints the dead-peer detection times.
 #include <gtest/gtest.h>
 
+#include "loopback.h"
+
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -27,26 +29,11 @@ extern char** environ;
 
 namespace {
 
+using keel::testing::free_port;
+using keel::testing::now_ms;
+
 using Clock = std::chrono::steady_clock;
 using Millis = std::chrono::milliseconds;
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-std::int64_t now_ms() {
-  return std::chrono::duration_cast<Millis>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 struct Rank {
   pid_t pid = -1;

@@ -18,8 +18,11 @@
 #include <vector>
 
 #include "keel/v1/comm.h"
+#include "loopback.h"
 
 namespace {
+
+using keel::testing::now_ms;
 
 using keel::Errc;
 using keel::comm::CallOptions;
@@ -56,11 +59,6 @@ bool ok(const R& r, const std::string& what) {
   if (r) return true;
   fail(what + ": " + r.error().to_string());
   return false;
-}
-
-std::int64_t now_ms() {
-  return std::chrono::duration_cast<Millis>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
 }
 
 keel::comm::CommOptions options(const Args& a) {
