@@ -17,7 +17,7 @@ releases=("$@")
 debian_packages=(
   build-essential cmake ninja-build ccache unzip
   libabsl-dev libboost-dev libgtest-dev libgmock-dev libbenchmark-dev
-  nlohmann-json3-dev doxygen abigail-tools
+  nlohmann-json3-dev doxygen abigail-tools clang libclang-rt-14-dev llvm
 )
 
 missing=()

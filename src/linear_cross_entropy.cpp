@@ -193,7 +193,8 @@ result<LossOutput> linear_cross_entropy(const at::Tensor& hidden, const at::Tens
   result<internal::Request> request = internal::resolve_request(options.dispatch);
   if (!request) return request.error();
 
-  const at::Tensor hidden_2d = hidden.reshape({-1, hidden.size(-1)});
+  // The row count is explicit: reshape({-1, D}) cannot infer it when D is 0.
+  const at::Tensor hidden_2d = hidden.reshape({target.numel(), hidden.size(-1)});
   const at::Tensor target_1d = target.reshape({-1});
   const internal::LinearCrossEntropyCall call{hidden_2d, weight, target_1d, options};
   auto selection = internal::select(internal::Registry::builtin(), kOp, request.value(), call,

@@ -338,6 +338,26 @@ TEST_P(LinearCrossEntropyConformance, AllIgnoredMeanIsNanWithZeroGradients) {
   EXPECT_TRUE(g[1].eq(0).all().item<bool>());
 }
 
+// Found by tests/fuzz/loss_fuzz.cpp: a feature dimension of 0 made the
+// flattening of [B, T, 0] ambiguous, and libtorch's exception escaped.
+// Every logit is then the bias, so the loss is lse(bias) - bias[y].
+TEST_P(LinearCrossEntropyConformance, ZeroFeatureDimensionGivesTheBiasOnlyLoss) {
+  const at::Tensor hidden = at::zeros({2, 3, 0}, at::kDouble).requires_grad_(true);
+  const at::Tensor weight = at::zeros({5, 0}, at::kDouble).requires_grad_(true);
+  const at::Tensor target = at::tensor({0, 4, 2, 1, 3, 4}, at::kLong).view({2, 3});
+  LinearCrossEntropyOptions o;
+  o.bias = at::linspace(-1.0, 1.0, 5, at::kDouble);
+  o.reduction = Reduction::none;
+  o.dispatch.backend = GetParam();
+  auto r = linear_cross_entropy(hidden, weight, target, o);
+  ASSERT_TRUE(r) << r.error().to_string();
+  const at::Tensor want = (o.bias.logsumexp(0) - o.bias.index_select(0, target.view({-1}))).view({2, 3});
+  EXPECT_TRUE(at::allclose(r.value().loss, want, 1e-12, 1e-12)) << r.value().loss << want;
+  r.value().loss.sum().backward();
+  EXPECT_EQ(hidden.grad().sizes(), hidden.sizes());
+  EXPECT_EQ(weight.grad().sizes(), weight.sizes());
+}
+
 TEST_P(LinearCrossEntropyConformance, FrozenWeightGetsNoGradient) {
   const Case c{"frozen", Reduction::mean, -100, 0.2, 0.0, false, true, 0, 0, 12, 30, 4};
   const Inputs in = make_inputs(c);

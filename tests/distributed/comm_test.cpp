@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -175,32 +176,47 @@ TEST(CommDistributed, EveryOperationDtypeAndSizeExact) {
   }
 }
 
-// Kills rank 1 at a random point of a loop of `op`; the survivors must
-// name it (peer_lost), then re-form and compute a correct sum. Returns the
-// detection times (kill to error, ms) of the survivors.
-std::vector<std::int64_t> kill_and_reform(const std::string& op, int n, std::mt19937& rng) {
-  World w("kill", n, {"--op", op, "--victim", "1"});
-  std::vector<std::int64_t> times;
+// One fault: `victim` is SIGKILLed at a random point of a loop of `op` on
+// `n` ranks. The survivors must name it (peer_lost), re-form and compute
+// `op` and a sum correctly on the new world.
+struct KillOutcome {
+  bool hang = false;          // some survivor did not exit in time
+  bool wrong_result = false;  // a survivor printed a value mismatch
+  bool other_failure = false;  // wrong error, missed detection, failed reform
+  std::vector<std::int64_t> detection_ms;  // kill to error, per survivor
+  std::string logs;
+};
+
+KillOutcome kill_and_reform(const std::string& op, int n, int victim, const std::string& backend,
+                            std::mt19937& rng) {
+  World w("kill", n, {"--op", op, "--victim", std::to_string(victim), "--backend", backend});
+  KillOutcome out;
   if (!w.ready(Millis(60000))) {
-    ADD_FAILURE() << op << ": ranks never became ready\n" << w.all_logs();
-    return times;
+    out.other_failure = true;
+    out.logs = "ranks never became ready\n" + w.all_logs();
+    return out;
   }
   std::this_thread::sleep_for(Millis(std::uniform_int_distribution<int>(50, 400)(rng)));
   const std::int64_t killed = now_ms();
-  w.kill(1);
-  if (!w.wait(Millis(30000))) {
-    ADD_FAILURE() << op << ": HANG after the kill\n" << w.all_logs();
-    return times;
-  }
+  w.kill(victim);
+  out.hang = !w.wait(Millis(30000));
+  out.logs = w.all_logs();
+  if (out.hang) return out;
   for (int r = 0; r < n; ++r) {
-    if (r == 1) continue;
-    EXPECT_EQ(w.status(r), 0) << op << ": survivor " << r << "\n" << w.all_logs();
+    if (r == victim) continue;
+    const std::string log = w.log(r);
+    if (log.find("result differs from the expected values") != std::string::npos) {
+      out.wrong_result = true;
+    }
     const std::int64_t detected = w.number_after(r, "DETECTED");
-    EXPECT_GE(detected, 0) << w.all_logs();
-    if (detected >= 0) times.push_back(std::max<std::int64_t>(0, detected - killed));
-    EXPECT_NE(w.log(r).find("REFORMED generation 1"), std::string::npos) << w.all_logs();
+    if (detected >= 0) out.detection_ms.push_back(std::max<std::int64_t>(0, detected - killed));
+    if (w.status(r) != 0 || detected < 0 ||
+        log.find("REFORMED generation 1") == std::string::npos) {
+      out.other_failure = true;
+    }
   }
-  return times;
+  if (out.wrong_result) out.other_failure = false;
+  return out;
 }
 
 std::int64_t percentile(std::vector<std::int64_t> v, double p) {
@@ -210,32 +226,62 @@ std::int64_t percentile(std::vector<std::int64_t> v, double p) {
   return v[std::min(i, v.size() - 1)];
 }
 
+const std::vector<std::string> kOps{"all_reduce", "all_gather", "reduce_scatter", "broadcast",
+                                    "all_to_all", "send_recv",  "barrier"};
+
 TEST(CommDistributed, KillDuringEachCollectiveThenReform) {
   std::mt19937 rng(7);
-  for (const char* op : {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all",
-                         "send_recv", "barrier"}) {
-    const auto times = kill_and_reform(op, 3, rng);
-    for (auto t : times) EXPECT_LT(t, 20000 + 5000) << op;  // within the timeout plus a few s
-    std::printf("kill during %s: detected after %s ms\n", op,
-                times.empty() ? "-" : std::to_string(times.front()).c_str());
+  for (const std::string& op : kOps) {
+    const KillOutcome o = kill_and_reform(op, 3, /*victim=*/1, "auto", rng);
+    EXPECT_FALSE(o.hang || o.wrong_result || o.other_failure) << op << "\n" << o.logs;
+    EXPECT_EQ(o.detection_ms.size(), 2u) << op << "\n" << o.logs;
+    for (auto t : o.detection_ms) EXPECT_LT(t, 20000 + 5000) << op;  // the timeout plus a few s
+    std::printf("kill during %s: detected after %s ms\n", op.c_str(),
+                o.detection_ms.empty() ? "-" : std::to_string(o.detection_ms.front()).c_str());
   }
 }
 
-TEST(CommDistributed, TwentyKillsNoHangDetectionTimes) {
-  std::mt19937 rng(11);
+// The soak: rounds of one fault each, at random: world size 2-4, victim
+// (any rank but 0, which hosts the store: losing it is reported as
+// peer_lost naming rank 0, but the survivors cannot re-form on it), the
+// collective, the adapter and the moment. KEEL_SOAK_ROUNDS overrides the
+// count (50) and KEEL_SOAK_SEED the seed (printed, so a failure replays).
+TEST(CommDistributed, SoakRandomKillsNoHangNoWrongResult) {
+  const char* rounds_env = std::getenv("KEEL_SOAK_ROUNDS");
+  const char* seed_env = std::getenv("KEEL_SOAK_SEED");
+  const int rounds = rounds_env != nullptr ? std::atoi(rounds_env) : 50;
+  const auto seed = seed_env != nullptr ? static_cast<unsigned>(std::strtoul(seed_env, nullptr, 10))
+                                        : std::random_device{}();
+  std::printf("soak: %d rounds, seed %u (KEEL_SOAK_SEED=%u replays it)\n", rounds, seed, seed);
+  std::mt19937 rng(seed);
   std::vector<std::int64_t> times;
-  int hangs_or_failures = 0;
-  for (int i = 0; i < 20; ++i) {
-    const int before = ::testing::Test::HasFailure() ? 1 : 0;
-    auto t = kill_and_reform("all_reduce", 2, rng);
-    if (t.empty() && before == 0) ++hangs_or_failures;
-    times.insert(times.end(), t.begin(), t.end());
+  int hangs = 0;
+  int wrong = 0;
+  int other = 0;
+  for (int i = 0; i < rounds; ++i) {
+    const int n = std::uniform_int_distribution<int>(2, 4)(rng);
+    const int victim = std::uniform_int_distribution<int>(1, n - 1)(rng);
+    const std::string& op = kOps[std::uniform_int_distribution<std::size_t>(0, kOps.size() - 1)(rng)];
+    const std::vector<std::string> adapters = backends();
+    const std::string& backend =
+        adapters[std::uniform_int_distribution<std::size_t>(0, adapters.size() - 1)(rng)];
+    const KillOutcome o = kill_and_reform(op, n, victim, backend, rng);
+    hangs += o.hang ? 1 : 0;
+    wrong += o.wrong_result ? 1 : 0;
+    other += o.other_failure ? 1 : 0;
+    times.insert(times.end(), o.detection_ms.begin(), o.detection_ms.end());
+    const bool bad = o.hang || o.wrong_result || o.other_failure;
+    std::printf("soak round %d: %s on %d ranks (%s), rank %d killed: %s\n", i, op.c_str(), n,
+                backend.c_str(), victim, o.hang ? "HANG" : bad ? "FAILED" : "ok");
+    EXPECT_FALSE(bad) << "round " << i << " (seed " << seed << ")\n" << o.logs;
   }
-  std::printf("20 kills: %zu detections, p50 %lld ms, p99 %lld ms, hangs or failures %d\n",
-              times.size(), static_cast<long long>(percentile(times, 0.5)),
-              static_cast<long long>(percentile(times, 0.99)), hangs_or_failures);
-  EXPECT_EQ(hangs_or_failures, 0);
-  EXPECT_EQ(times.size(), 20u);
+  std::printf(
+      "soak: %d rounds, hangs %d, wrong results %d, other failures %d, %zu detections, "
+      "p50 %lld ms, p99 %lld ms\n",
+      rounds, hangs, wrong, other, times.size(), static_cast<long long>(percentile(times, 0.5)),
+      static_cast<long long>(percentile(times, 0.99)));
+  EXPECT_EQ(hangs, 0);
+  EXPECT_EQ(wrong, 0);
 }
 
 TEST(CommDistributed, RankThatExitsEarlyIsNamed) {

@@ -156,11 +156,10 @@ void run_ops(Communicator& comm) {
           return static_cast<std::int64_t>((from + 2 * to) % 3) * s;
         };
         std::vector<std::int64_t> in_splits, out_splits;
-        std::int64_t in_rows = 0, out_rows = 0;
+        std::int64_t out_rows = 0;
         for (int j = 0; j < n; ++j) {
           in_splits.push_back(rows(me, j));
           out_splits.push_back(rows(j, me));
-          in_rows += in_splits.back();
           out_rows += out_splits.back();
         }
         auto source = [&](int r) {
@@ -197,42 +196,65 @@ void run_ops(Communicator& comm) {
   ok(comm.barrier(), "barrier");
 }
 
-// One collective of kind `op` on 1 MiB float32 tensors.
+// One collective of kind `op` on 1 MiB float32 tensors of rank-dependent
+// values, checked exactly: a wrong result is a FAIL line (and exit 1), which
+// the soak counts apart from a hang or a missed detection.
 keel::result<void> one_op(Communicator& comm, const std::string& op) {
   const int n = comm.size();
+  const int me = comm.rank();
   const std::int64_t s = 1 << 18;
-  at::Tensor t = at::ones({s});
-  if (op == "all_reduce") return comm.all_reduce(t);
-  if (op == "all_gather") {
-    at::Tensor out = at::empty({n * s});
-    return comm.all_gather(out, t);
-  }
-  if (op == "reduce_scatter") {
-    at::Tensor in = at::ones({n * s});
-    return comm.reduce_scatter(t, in);
-  }
-  if (op == "broadcast") return comm.broadcast(t, 0);
-  if (op == "all_to_all") {
-    at::Tensor in = at::ones({n * s});
-    at::Tensor out = at::empty({n * s});
-    return comm.all_to_all(out, in);
-  }
-  if (op == "send_recv") {
-    const int me = comm.rank();
-    at::Tensor in = at::empty({s});
-    auto a = comm.send_async(t, (me + 1) % n);
+  // Rank r contributes r + 1, or (for all_to_all) r * n + j to rank j.
+  const auto mine = [&](std::int64_t numel) {
+    return at::full({numel}, static_cast<double>(me + 1));
+  };
+  const auto blocks_of = [&](auto value) {
+    std::vector<at::Tensor> blocks;
+    for (int j = 0; j < n; ++j) blocks.push_back(at::full({s}, static_cast<double>(value(j))));
+    return at::cat(blocks);
+  };
+  const double sum = n * (n + 1) / 2.0;
+  keel::result<void> r = keel::success();
+  at::Tensor got;
+  at::Tensor want;
+  if (op == "all_reduce") {
+    got = mine(s);
+    r = comm.all_reduce(got);
+    want = at::full({s}, sum);
+  } else if (op == "all_gather") {
+    got = at::empty({n * s});
+    r = comm.all_gather(got, mine(s));
+    want = blocks_of([](int j) { return j + 1; });
+  } else if (op == "reduce_scatter") {
+    got = at::empty({s});
+    r = comm.reduce_scatter(got, mine(n * s));
+    want = at::full({s}, sum);
+  } else if (op == "broadcast") {
+    got = mine(s);
+    r = comm.broadcast(got, 0);
+    want = at::full({s}, 1.0);
+  } else if (op == "all_to_all") {
+    got = at::empty({n * s});
+    r = comm.all_to_all(got, blocks_of([&](int j) { return me * n + j; }));
+    want = blocks_of([&](int j) { return j * n + me; });
+  } else if (op == "send_recv") {
+    got = at::empty({s});
+    auto a = comm.send_async(mine(s), (me + 1) % n);
     if (!a) return a.error();
-    auto b = comm.recv_async(in, (me + n - 1) % n);
+    auto b = comm.recv_async(got, (me + n - 1) % n);
     if (!b) return b.error();
-    auto rb = b.value().wait();
-    if (!rb) return rb;
-    return a.value().wait();
+    r = b.value().wait();
+    if (r) r = a.value().wait();
+    want = at::full({s}, static_cast<double>((me + n - 1) % n + 1));
+  } else {
+    return comm.barrier();
   }
-  return comm.barrier();
+  if (r) expect_equal(got, want, op);
+  return r;
 }
 
-// After the victim died: the survivors form a new world and check a sum.
-void reform_and_check(Communicator& comm, int survivors) {
+// After the victim died: the survivors form a new world, then check `op`
+// and a sum on it.
+void reform_and_check(Communicator& comm, int survivors, const std::string& op) {
   auto next = comm.reform();
   if (!ok(next, "reform")) return;
   Communicator& c = next.value();
@@ -240,6 +262,7 @@ void reform_and_check(Communicator& comm, int survivors) {
     fail("reform: size " + std::to_string(c.size()) + ", expected " + std::to_string(survivors));
     return;
   }
+  ok(one_op(c, op), op + " after reform");
   at::Tensor t = at::full({1000}, static_cast<double>(c.rank() + 1));
   if (ok(c.all_reduce(t), "all_reduce after reform")) {
     expect_equal(t, at::full({1000}, survivors * (survivors + 1) / 2.0), "all_reduce after reform");
@@ -311,7 +334,7 @@ int run(const Args& a) {
       }
       break;
     }
-    reform_and_check(comm, a.world - 1);
+    reform_and_check(comm, a.world - 1, a.op);
     return failures == 0 ? 0 : 1;  // the old group is aborted: no final barrier
   } else if (a.scenario == "skip") {
     // The victim skips one all_reduce: the others time out; nobody hangs.

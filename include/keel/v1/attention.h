@@ -47,6 +47,7 @@
 
 #include "keel/v1/dispatch.h"
 #include "keel/v1/error.h"
+#include "keel/v1/export.h"
 
 namespace keel {
 inline namespace v1 {
@@ -103,7 +104,7 @@ struct BlockMask {
 
 /// One mask term. Build it with the named constructors; a plain struct, so
 /// fields can also be set directly.
-struct Mask {
+struct KEEL_API Mask {
   /// Which rule this term applies; the fields it reads are named there.
   MaskKind kind = MaskKind::causal;
   /// Query positions for causal, sliding_window, chunked_causal, prefix_lm.
@@ -202,7 +203,7 @@ struct AttentionOutput {
 /// `invalid_argument` naming the argument for bad input, `unsupported` when
 /// the requested adapter cannot serve the call, `backend_error` when libtorch
 /// fails.
-result<AttentionOutput> attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+KEEL_API result<AttentionOutput> attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   const AttentionSpec& spec = {});
 
 }  // namespace v1

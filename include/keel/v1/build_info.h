@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "keel/v1/export.h"
+
 namespace keel {
 inline namespace v1 {
 
@@ -59,10 +61,10 @@ struct BuildInfo {
 };
 
 /// keel's version, "MAJOR.MINOR.PATCH", of the library loaded.
-const char* version() noexcept;
+KEEL_API const char* version() noexcept;
 
 /// Facts about this build; computed once, then shared. Thread-safe.
-const BuildInfo& build_info();
+KEEL_API const BuildInfo& build_info();
 
 }  // namespace v1
 }  // namespace keel

@@ -58,6 +58,7 @@
 
 #include "keel/v1/dispatch.h"
 #include "keel/v1/error.h"
+#include "keel/v1/export.h"
 
 namespace keel {
 inline namespace v1 {
@@ -80,7 +81,7 @@ enum class CommBackend : std::uint8_t {
 };
 
 /// The name used in messages: "auto", "gloo" or "nccl".
-std::string_view to_string(CommBackend backend) noexcept;
+KEEL_API std::string_view to_string(CommBackend backend) noexcept;
 
 /// How `all_reduce` and `reduce_scatter` combine values.
 enum class ReduceOp : std::uint8_t {
@@ -97,7 +98,7 @@ enum class ReduceOp : std::uint8_t {
 };
 
 /// The name used in messages and the flight recorder, e.g. "sum".
-std::string_view to_string(ReduceOp op) noexcept;
+KEEL_API std::string_view to_string(ReduceOp op) noexcept;
 
 /// How a communicator is made.
 struct CommOptions {
@@ -154,7 +155,7 @@ struct ReformOptions {
 };
 
 /// An asynchronous operation in flight.
-class Work {
+class KEEL_API Work {
  public:
   /// An empty handle; `wait()` on it is `invalid_argument`.
   Work() = default;
@@ -174,7 +175,7 @@ class Work {
 };
 
 /// A group of ranks running collectives on c10d. A shared handle.
-class Communicator {
+class KEEL_API Communicator {
  public:
   /// Rendezvouses with the other ranks and builds the group. Fails with
   /// `invalid_argument` on bad options or environment, `timeout` when some

@@ -34,6 +34,7 @@
 #include <string_view>
 
 #include "keel/v1/error.h"
+#include "keel/v1/export.h"
 
 namespace keel {
 inline namespace v1 {
@@ -51,18 +52,18 @@ enum class Backend : std::uint8_t {
 };
 
 /// The name used by `KEEL_BACKEND`: "unset", "auto", "compat" or "native".
-std::string_view to_string(Backend backend) noexcept;
+KEEL_API std::string_view to_string(Backend backend) noexcept;
 
 /// Parses "auto", "compat" or "native" (exactly; surrounding spaces are
 /// ignored). Anything else is `Errc::invalid_argument` naming the valid values.
-result<Backend> parse_backend(std::string_view text);
+KEEL_API result<Backend> parse_backend(std::string_view text);
 
 /// Sets the process-wide default, used when neither the call nor
 /// `KEEL_BACKEND` chooses. `Backend::unset` restores `automatic`. Thread-safe.
-void set_default_backend(Backend backend) noexcept;
+KEEL_API void set_default_backend(Backend backend) noexcept;
 
 /// The process-wide default set by `set_default_backend()`.
-Backend default_backend() noexcept;
+KEEL_API Backend default_backend() noexcept;
 
 /// Per-call dispatch choices, carried by every operation's options.
 struct DispatchOptions {

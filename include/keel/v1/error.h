@@ -31,6 +31,8 @@
 #include <boost/outcome/basic_result.hpp>
 #include <boost/outcome/policy/base.hpp>
 
+#include "keel/v1/export.h"
+
 namespace keel {
 inline namespace v1 {
 
@@ -55,10 +57,10 @@ enum class Errc : std::uint8_t {
 };
 
 /// The code's name as written in this header, e.g. `"invalid_argument"`.
-std::string_view to_string(Errc code) noexcept;
+KEEL_API std::string_view to_string(Errc code) noexcept;
 
 /// An error: a code and a message a person can act on.
-class Error {
+class KEEL_API Error {
  public:
   /// An empty `backend_error`; exists because result storage needs a
   /// default. keel never returns one.
@@ -80,7 +82,7 @@ class Error {
 
 /// Thrown by `result<T>::value()` (and `error()`) when the result does not
 /// hold what was asked for. It carries the error, if there was one.
-class BadResultAccess : public std::exception {
+class KEEL_API BadResultAccess : public std::exception {
  public:
   /// Wraps `error`; `what()` returns its `to_string()`.
   explicit BadResultAccess(Error error);
@@ -95,8 +97,8 @@ class BadResultAccess : public std::exception {
 };
 
 namespace detail {
-[[noreturn]] void throw_bad_result_access(const Error& error);
-[[noreturn]] void throw_bad_result_access_no_error();
+[[noreturn]] KEEL_API void throw_bad_result_access(const Error& error);
+[[noreturn]] KEEL_API void throw_bad_result_access_no_error();
 
 /// Outcome's no-value policy for keel: wide checks throw BadResultAccess.
 struct ThrowBadResultAccess : BOOST_OUTCOME_V2_NAMESPACE::policy::base {

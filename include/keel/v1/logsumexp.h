@@ -30,6 +30,7 @@
 
 #include "keel/v1/dispatch.h"
 #include "keel/v1/error.h"
+#include "keel/v1/export.h"
 
 namespace keel {
 inline namespace v1 {
@@ -64,7 +65,7 @@ struct LogsumexpOutput {
 /// defined, a bool tensor on the same device broadcastable to it. Errors:
 /// `invalid_argument` for bad arguments, `unsupported` when the requested
 /// adapter cannot serve the call, `backend_error` when libtorch fails.
-result<LogsumexpOutput> logsumexp(const at::Tensor& input, const LogsumexpOptions& options = {});
+KEEL_API result<LogsumexpOutput> logsumexp(const at::Tensor& input, const LogsumexpOptions& options = {});
 
 }  // namespace v1
 }  // namespace keel

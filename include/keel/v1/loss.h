@@ -54,6 +54,7 @@
 
 #include "keel/v1/dispatch.h"
 #include "keel/v1/error.h"
+#include "keel/v1/export.h"
 
 namespace keel {
 inline namespace v1 {
@@ -169,7 +170,7 @@ struct LossOutput {
 /// expanded. Errors: `invalid_argument` for bad arguments (the message names
 /// the argument), `unsupported` when the requested adapter cannot serve the
 /// call, `backend_error` when libtorch fails.
-result<LossOutput> linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
+KEEL_API result<LossOutput> linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
                                         const at::Tensor& target,
                                         const LinearCrossEntropyOptions& options = {});
 
