@@ -65,7 +65,7 @@ at::Tensor tile_term(const Mask& m, const MaskGeometry& g, std::int64_t q0, std:
           .expand({g.batch, 1, rows, n});
     case MaskKind::block: {
       const BlockMask& bm = m.block;
-      const std::int64_t kv_blocks = (g.kv_len + bm.kv_block_size - 1) / bm.kv_block_size;
+      const std::int64_t kv_blocks = block_count(g.kv_len, bm.kv_block_size);
       at::Tensor blocks = listed_blocks(bm.kv_num_blocks, bm.kv_indices, kv_blocks);
       if (bm.full_kv_num_blocks.defined()) {
         blocks = blocks | listed_blocks(bm.full_kv_num_blocks, bm.full_kv_indices, kv_blocks);
@@ -120,8 +120,8 @@ at::Tensor materialize_mask(const AttentionSpec& spec, const MaskGeometry& g,
 BlockClasses classify_blocks(const AttentionSpec& spec, const MaskGeometry& g,
                              const at::Device& device, std::int64_t q_block,
                              std::int64_t kv_block) {
-  const std::int64_t q_blocks = (g.q_len + q_block - 1) / q_block;
-  const std::int64_t kv_blocks = (g.kv_len + kv_block - 1) / kv_block;
+  const std::int64_t q_blocks = block_count(g.q_len, q_block);
+  const std::int64_t kv_blocks = block_count(g.kv_len, kv_block);
   const at::TensorOptions cpu = at::TensorOptions().dtype(at::kLong);
   // First and last query row, and key, of each block.
   const at::Tensor r0 = (at::arange(q_blocks, cpu) * q_block).view({q_blocks, 1});

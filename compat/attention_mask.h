@@ -12,6 +12,13 @@
 
 namespace keel::compat {
 
+// ceil(length / block) for length >= 0 and block > 0, without the overflow
+// of (length + block - 1) / block when block is huge (a caller's BlockMask
+// may say INT64_MAX).
+inline std::int64_t block_count(std::int64_t length, std::int64_t block) {
+  return length / block + (length % block != 0 ? 1 : 0);
+}
+
 // The attention's sizes the mask is laid over.
 struct MaskGeometry {
   std::int64_t batch = 1;

@@ -125,8 +125,8 @@ BlockSparseResult tile_loop_attention(const at::Tensor& q, const at::Tensor& k, 
 
   const MaskGeometry geometry{batch, q_heads, q_len, kv_len};
   const auto [bq, bk] = block_sizes(spec);
-  const std::int64_t q_blocks = (q_len + bq - 1) / bq;
-  const std::int64_t kv_blocks = (kv_len + bk - 1) / bk;
+  const std::int64_t q_blocks = block_count(q_len, bq);
+  const std::int64_t kv_blocks = block_count(kv_len, bk);
 
   // Classify (query block, key block) pairs over every batch and head at
   // once: a key block is skipped when no (b, h) sees any of it, and needs no
@@ -369,8 +369,8 @@ TileMask tile_mask(const AttentionSpec& spec, const MaskGeometry& g, const Piece
 void plan_batches(const AttentionSpec& spec, const MaskGeometry& g, std::int64_t b0,
                   at::ScalarType dtype, std::vector<FlashGroup>& groups) {
   const auto [bq, bk] = block_sizes(spec);
-  const std::int64_t q_blocks = (g.q_len + bq - 1) / bq;
-  const std::int64_t kv_blocks = (g.kv_len + bk - 1) / bk;
+  const std::int64_t q_blocks = block_count(g.q_len, bq);
+  const std::int64_t kv_blocks = block_count(g.kv_len, bk);
   const BlockClasses classes = classify_blocks(spec, g, at::kCPU, bq, bk);
   const auto visible = classes.visible.accessor<bool, 2>();
   const auto full = classes.full.accessor<bool, 2>();

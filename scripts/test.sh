@@ -25,7 +25,7 @@ cmake --workflow --preset torch-2.13-cuda
 # with each adapter; any case out of tolerance fails CI. The recording runs
 # in the sanitizer build, under the same sanitizer settings as its tests.
 mkdir -p build/upgrade-check
-export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_odr_violation=0
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export LSAN_OPTIONS=suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressions=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=$PWD/tests/sanitizers/ubsan.supp
 build/torch-2.9-sanitize/keel-compat record --out build/upgrade-check/golden-2.9.1.safetensors

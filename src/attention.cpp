@@ -10,6 +10,7 @@
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
 
+#include "attention_mask.h"
 #include "dispatch/attention.h"
 #include "dispatch/dispatcher.h"
 #include "guard.h"
@@ -142,8 +143,8 @@ result<void> check_block_mask(const std::string& at, const BlockMask& bm, const 
     return invalid(absl::StrCat(at, ".block has block sizes (", bm.q_block_size, ", ",
                                 bm.kv_block_size, "); expected both > 0"));
   }
-  const std::int64_t qb = (d.q_len + bm.q_block_size - 1) / bm.q_block_size;
-  const std::int64_t kvb = (d.kv_len + bm.kv_block_size - 1) / bm.kv_block_size;
+  const std::int64_t qb = compat::block_count(d.q_len, bm.q_block_size);
+  const std::int64_t kvb = compat::block_count(d.kv_len, bm.kv_block_size);
   const auto check_pair = [&](const char* counts_name, const at::Tensor& counts,
                               const char* indices_name, const at::Tensor& indices) -> result<void> {
     const std::string cn = absl::StrCat(at, ".block.", counts_name);

@@ -138,6 +138,9 @@ result<TensorFile> decode_safetensors(std::string_view bytes) {
       }
       continue;
     }
+    // The writer refuses an empty name, so the reader does too: every file
+    // keel reads, it can write back.
+    if (name.empty()) return corrupt(8, "a tensor has an empty name");
     const std::string where = absl::StrCat("tensor '", name, "': ");
     if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
         !entry.contains("data_offsets")) {

@@ -112,6 +112,10 @@ TEST(Safetensors, LyingEntriesAreCorrupt) {
                  "after the last");
   expect_corrupt(with_header(R"({"x":{"dtype":"U8","shape":[1]}})", 1), "data_offsets");
   expect_corrupt(with_header(R"({"__metadata__":{"k":1}})", 0), "not a string");
+  // Found by tests/fuzz/safetensors_fuzz.cpp: the writer refuses an empty
+  // name, so a file holding one must not read as valid either.
+  expect_corrupt(with_header(R"({"":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", 1),
+                 "empty name");
 }
 
 TEST(Safetensors, UnwritablePathIsIoError) {

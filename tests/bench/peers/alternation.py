@@ -1,0 +1,96 @@
+"""What every peer orchestrator shares: the keel driver process
+(keel_peer_bench serve), the rotated order of contenders within a round,
+medians, per-round ratios, and the machine's description."""
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+
+# Contenders in two processes take turns on the same cores. With libgomp's
+# default wait policy, the threads of the process that just finished spin
+# on, and measurably slowed the other process's next call here (keel after
+# SDPA: 26-70 ms against 22-35 alone); passive waiting removes that, for
+# every contender alike. Set before torch is imported; the keel driver
+# process inherits it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+PAUSE_S = 0.05  # between two contenders' turns, outside any timing
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+DEFAULT_KEEL_BENCH = os.path.join(REPO, "build", "torch-2.13", "tests", "keel_peer_bench")
+
+
+class KeelServer:
+    """keel_peer_bench serve: one request a line, one JSON answer a line."""
+
+    def __init__(self, path=DEFAULT_KEEL_BENCH):
+        self.proc = subprocess.Popen([path, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, bufsize=1)
+
+    def request(self, line):
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"keel_peer_bench exited on '{line}'")
+        result = json.loads(answer)
+        if "error" in result:
+            raise RuntimeError(f"keel_peer_bench: {result['error']} (request '{line}')")
+        return result
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def pause():
+    time.sleep(PAUSE_S)
+
+
+def rotated(items, round_index):
+    """The contenders in the order of this round: rotated by one each round,
+    so that load from other processes falls on all of them alike."""
+    k = round_index % len(items)
+    return items[k:] + items[:k]
+
+
+def median(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def median_ratio(a, b):
+    """The median of the per-round ratios a[r] / b[r]."""
+    return median([x / y for x, y in zip(a, b)])
+
+
+def timed_ms(f):
+    t0 = time.perf_counter()
+    f()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def machine(torch=None):
+    info = {"platform": platform.platform(), "python": platform.python_version(),
+            "cpus": os.cpu_count(), "load_average_at_start": os.getloadavg()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    info["OMP_WAIT_POLICY"] = os.environ.get("OMP_WAIT_POLICY")
+    if torch is not None:
+        info["torch"] = torch.__version__
+        info["torch_threads"] = torch.get_num_threads()
+    return info
+
+
+def write_json(path, data):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)

@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""keel::comm::Communicator against raw c10d from C++ (a ProcessGroupGloo
+built by hand) and torch.distributed from Python (init_process_group with
+Gloo): float32 all_reduce bus bandwidth from 4 KiB to 64 MiB, N ranks on
+loopback, in one run.
+
+    $KEEL_DEPS_DIR/peers-venv/bin/peers-python tests/bench/peers/comm_peers.py \
+        --out docs/peers-comm.json [--worlds 2,4] [--rounds 5]
+
+Every round launches the C++ ranks (keel_peer_bench comm: keel and raw
+c10d alternated per size, which first alternating from round to round) and
+the Python ranks, in an order rotated from round to round. Each contender
+does one warm-up all_reduce and then about 32 MiB of traffic (2 to 200
+operations) per size and round. Bus bandwidth is nccl-tests' definition,
+S / t * 2 (n - 1) / n; reported are medians over rounds and medians of
+per-round ratios.
+"""
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from alternation import DEFAULT_KEEL_BENCH, machine, median, median_ratio, rotated, write_json  # noqa: E402
+
+SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+TIMEOUT_S = 600
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def python_worker(rank, world, port, sizes):
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    for nbytes in sizes:
+        t = torch.ones(nbytes // 4)
+        iterations = min(200, max(2, (32 << 20) // nbytes))
+        dist.barrier()
+        dist.all_reduce(t)  # warm-up
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iterations):
+            dist.all_reduce(t)
+        s = (time.perf_counter() - t0) / iterations
+        if rank == 0:
+            print(json.dumps({"bytes": nbytes, "iterations": iterations, "torch_distributed_s": s}),
+                  flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def launch(commands):
+    """Runs one process per rank; returns rank 0's JSON lines."""
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, text=True) for c in commands]
+    try:
+        out, _ = procs[0].communicate(timeout=TIMEOUT_S)
+        for p in procs[1:]:
+            p.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        raise
+    if any(p.returncode != 0 for p in procs):
+        raise RuntimeError(f"a rank failed: {[p.returncode for p in procs]} for {commands[0]}")
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--keel", default=DEFAULT_KEEL_BENCH)
+    ap.add_argument("--worlds", default="2,4")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--worker", action="store_true")
+    ap.add_argument("--rank", type=int)
+    ap.add_argument("--world", type=int)
+    ap.add_argument("--port", type=int)
+    ap.add_argument("--sizes", default=",".join(str(s) for s in SIZES))
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    if args.worker:
+        python_worker(args.rank, args.world, args.port, sizes)
+        return 0
+
+    import torch
+    result = {"machine": machine(torch), "command": " ".join(sys.argv), "worlds": []}
+    for world in (int(w) for w in args.worlds.split(",")):
+        times = {s: {"keel": [], "raw_c10d": [], "torch_distributed": []} for s in sizes}
+        loads = []
+
+        def run_cpp(r, world=world, times=times):
+            port = free_port()
+            order = "keel" if r % 2 == 0 else "raw"
+            lines = launch([[args.keel, "comm", "--rank", str(i), "--world", str(world),
+                             "--port", str(port), "--sizes", args.sizes, "--order", order]
+                            for i in range(world)])
+            for x in lines:
+                times[x["bytes"]]["keel"].append(x["keel_s"])
+                times[x["bytes"]]["raw_c10d"].append(x["raw_s"])
+
+        def run_python(r, world=world, times=times):
+            port = free_port()
+            lines = launch([[sys.executable, os.path.abspath(__file__), "--worker", "--rank", str(i),
+                             "--world", str(world), "--port", str(port), "--sizes", args.sizes]
+                            for i in range(world)])
+            for x in lines:
+                times[x["bytes"]]["torch_distributed"].append(x["torch_distributed_s"])
+
+        runners = [("cpp", run_cpp), ("python", run_python)]
+        for r in range(args.rounds):
+            loads.append(os.getloadavg())
+            for _, run in rotated(runners, r):
+                run(r)
+            print(f"world {world}: round {r + 1}/{args.rounds} done", flush=True)
+        factor = 2.0 * (world - 1) / world
+        rows = []
+        for s in sizes:
+            t = times[s]
+            bus = {n: [s / x * factor / 1e9 for x in v] for n, v in t.items()}
+            row = {"bytes": s, "rounds": len(t["keel"]),
+                   "median_us": {n: median(v) * 1e6 for n, v in t.items()},
+                   "median_bus_GBps": {n: median(v) for n, v in bus.items()},
+                   "keel/raw_c10d bus bandwidth": median_ratio(bus["keel"], bus["raw_c10d"]),
+                   "keel/torch_distributed bus bandwidth": median_ratio(bus["keel"], bus["torch_distributed"]),
+                   "seconds": t}
+            rows.append(row)
+            print(f"  {world} ranks {s:>9d} B  keel {row['median_us']['keel']:10.1f} us  "
+                  f"raw {row['median_us']['raw_c10d']:10.1f} us  "
+                  f"torch.distributed {row['median_us']['torch_distributed']:10.1f} us  "
+                  f"keel/raw {row['keel/raw_c10d bus bandwidth']:.3f}  "
+                  f"keel/td {row['keel/torch_distributed bus bandwidth']:.3f}", flush=True)
+        result["worlds"].append({"world": world, "rounds": args.rounds, "load_averages": loads,
+                                 "rows": rows})
+        if args.out:
+            write_json(args.out, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
