@@ -351,7 +351,8 @@ TEST_P(LinearCrossEntropyConformance, ZeroFeatureDimensionGivesTheBiasOnlyLoss) 
   o.dispatch.backend = GetParam();
   auto r = linear_cross_entropy(hidden, weight, target, o);
   ASSERT_TRUE(r) << r.error().to_string();
-  const at::Tensor want = (o.bias.logsumexp(0) - o.bias.index_select(0, target.view({-1}))).view({2, 3});
+  const at::Tensor want =
+      (o.bias.logsumexp(0) - o.bias.index_select(0, target.view({-1}))).view({2, 3});
   EXPECT_TRUE(at::allclose(r.value().loss, want, 1e-12, 1e-12)) << r.value().loss << want;
   r.value().loss.sum().backward();
   EXPECT_EQ(hidden.grad().sizes(), hidden.sizes());

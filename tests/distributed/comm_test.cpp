@@ -15,9 +15,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -180,9 +180,9 @@ TEST(CommDistributed, EveryOperationDtypeAndSizeExact) {
 // `n` ranks. The survivors must name it (peer_lost), re-form and compute
 // `op` and a sum correctly on the new world.
 struct KillOutcome {
-  bool hang = false;          // some survivor did not exit in time
-  bool wrong_result = false;  // a survivor printed a value mismatch
-  bool other_failure = false;  // wrong error, missed detection, failed reform
+  bool hang = false;                       // some survivor did not exit in time
+  bool wrong_result = false;               // a survivor printed a value mismatch
+  bool other_failure = false;              // wrong error, missed detection, failed reform
   std::vector<std::int64_t> detection_ms;  // kill to error, per survivor
   std::string logs;
 };
@@ -261,7 +261,8 @@ TEST(CommDistributed, SoakRandomKillsNoHangNoWrongResult) {
   for (int i = 0; i < rounds; ++i) {
     const int n = std::uniform_int_distribution<int>(2, 4)(rng);
     const int victim = std::uniform_int_distribution<int>(1, n - 1)(rng);
-    const std::string& op = kOps[std::uniform_int_distribution<std::size_t>(0, kOps.size() - 1)(rng)];
+    const std::string& op =
+        kOps[std::uniform_int_distribution<std::size_t>(0, kOps.size() - 1)(rng)];
     const std::vector<std::string> adapters = backends();
     const std::string& backend =
         adapters[std::uniform_int_distribution<std::size_t>(0, adapters.size() - 1)(rng)];
@@ -272,7 +273,10 @@ TEST(CommDistributed, SoakRandomKillsNoHangNoWrongResult) {
     times.insert(times.end(), o.detection_ms.begin(), o.detection_ms.end());
     const bool bad = o.hang || o.wrong_result || o.other_failure;
     std::printf("soak round %d: %s on %d ranks (%s), rank %d killed: %s\n", i, op.c_str(), n,
-                backend.c_str(), victim, o.hang ? "HANG" : bad ? "FAILED" : "ok");
+                backend.c_str(), victim,
+                o.hang ? "HANG"
+                : bad  ? "FAILED"
+                       : "ok");
     EXPECT_FALSE(bad) << "round " << i << " (seed " << seed << ")\n" << o.logs;
   }
   std::printf(

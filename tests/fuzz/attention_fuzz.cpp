@@ -53,8 +53,10 @@ keel::Mask mask(FuzzedDataProvider& in, const Dims& d) {
       break;
     case keel::MaskKind::block: {
       keel::BlockMask& bm = m.block;
-      bm.q_block_size = in.ConsumeBool() ? in.ConsumeIntegralInRange<std::int64_t>(1, 4) : parameter(in);
-      bm.kv_block_size = in.ConsumeBool() ? in.ConsumeIntegralInRange<std::int64_t>(1, 4) : parameter(in);
+      bm.q_block_size =
+          in.ConsumeBool() ? in.ConsumeIntegralInRange<std::int64_t>(1, 4) : parameter(in);
+      bm.kv_block_size =
+          in.ConsumeBool() ? in.ConsumeIntegralInRange<std::int64_t>(1, 4) : parameter(in);
       // Block counts for the tensors' shapes (keel computes its own, and
       // must survive any block size, huge ones included).
       const auto blocks = [](std::int64_t length, std::int64_t size) -> std::int64_t {
@@ -64,15 +66,21 @@ keel::Mask mask(FuzzedDataProvider& in, const Dims& d) {
       const std::int64_t kb = blocks(d.lk, bm.kv_block_size);
       const at::ScalarType t = in.ConsumeIntegralInRange<int>(0, 5) == 0 ? dtype(in) : at::kInt;
       bm.kv_num_blocks = tensor(in, {d.b, d.hq, std::min<std::int64_t>(qb, 9)}, t, -1, kb + 1);
-      bm.kv_indices = tensor(in, {d.b, d.hq, std::min<std::int64_t>(qb, 9), std::min<std::int64_t>(kb, 9)}, t, -1, kb + 1);
+      bm.kv_indices =
+          tensor(in, {d.b, d.hq, std::min<std::int64_t>(qb, 9), std::min<std::int64_t>(kb, 9)}, t,
+                 -1, kb + 1);
       if (in.ConsumeBool()) {
-        bm.full_kv_num_blocks = tensor(in, {d.b, d.hq, std::min<std::int64_t>(qb, 9)}, t, -1, kb + 1);
-        bm.full_kv_indices = tensor(in, {d.b, d.hq, std::min<std::int64_t>(qb, 9), std::min<std::int64_t>(kb, 9)}, t, -1, kb + 1);
+        bm.full_kv_num_blocks =
+            tensor(in, {d.b, d.hq, std::min<std::int64_t>(qb, 9)}, t, -1, kb + 1);
+        bm.full_kv_indices =
+            tensor(in, {d.b, d.hq, std::min<std::int64_t>(qb, 9), std::min<std::int64_t>(kb, 9)}, t,
+                   -1, kb + 1);
       }
       break;
     }
     case keel::MaskKind::tensor:
-      m.tensor = tensor(in, {d.b, d.hq, d.lq, d.lk}, in.ConsumeIntegralInRange<int>(0, 5) == 0 ? dtype(in) : at::kBool, 0, 1);
+      m.tensor = tensor(in, {d.b, d.hq, d.lq, d.lk},
+                        in.ConsumeIntegralInRange<int>(0, 5) == 0 ? dtype(in) : at::kBool, 0, 1);
       break;
     default:
       break;
@@ -102,13 +110,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   spec.combine = static_cast<keel::MaskCombine>(in.ConsumeIntegralInRange<std::uint8_t>(0, 2));
   if (in.ConsumeBool()) spec.scale = real(in);
   if (in.ConsumeBool()) spec.softcap = real(in);
-  if (in.ConsumeIntegralInRange<int>(0, 3) == 0) spec.alibi_slopes = tensor(in, {d.hq}, in.ConsumeBool() ? at::kFloat : dtype(in));
+  if (in.ConsumeIntegralInRange<int>(0, 3) == 0)
+    spec.alibi_slopes = tensor(in, {d.hq}, in.ConsumeBool() ? at::kFloat : dtype(in));
   spec.alibi_alignment = alignment(in);
-  if (in.ConsumeIntegralInRange<int>(0, 3) == 0) spec.bias = tensor(in, {d.b, d.hq, d.lq, d.lk}, in.ConsumeBool() ? type : dtype(in));
+  if (in.ConsumeIntegralInRange<int>(0, 3) == 0)
+    spec.bias = tensor(in, {d.b, d.hq, d.lq, d.lk}, in.ConsumeBool() ? type : dtype(in));
   spec.return_lse = in.ConsumeBool();
   spec.dispatch.backend = keel::fuzz::backend(in);
-  const bool grad = in.ConsumeBool() && q.defined() && at::isFloatingType(q.scalar_type()) &&
-                    !q.is_meta();
+  const bool grad =
+      in.ConsumeBool() && q.defined() && at::isFloatingType(q.scalar_type()) && !q.is_meta();
 
   at::Tensor q_in = q;
   if (grad) q_in = q.detach().requires_grad_(true);

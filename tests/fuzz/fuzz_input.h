@@ -56,8 +56,8 @@ inline double real(FuzzedDataProvider& in) {
 
 inline at::ScalarType dtype(FuzzedDataProvider& in) {
   static constexpr at::ScalarType kTypes[] = {
-      at::kFloat, at::kFloat, at::kDouble, at::kHalf,  at::kBFloat16,
-      at::kLong,  at::kInt,   at::kBool,   at::kByte,  at::kComplexFloat};
+      at::kFloat, at::kFloat, at::kDouble, at::kHalf, at::kBFloat16,
+      at::kLong,  at::kInt,   at::kBool,   at::kByte, at::kComplexFloat};
   return kTypes[in.ConsumeIntegralInRange<std::size_t>(0, std::size(kTypes) - 1)];
 }
 
@@ -99,7 +99,8 @@ inline at::Tensor tensor(FuzzedDataProvider& in, std::vector<std::int64_t> shape
       shape.push_back(dim(in));
       break;
     case 3:
-      if (!shape.empty()) shape[in.ConsumeIntegralInRange<std::size_t>(0, shape.size() - 1)] = dim(in);
+      if (!shape.empty())
+        shape[in.ConsumeIntegralInRange<std::size_t>(0, shape.size() - 1)] = dim(in);
       break;
     default:
       break;

@@ -34,27 +34,29 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   keel::LinearCrossEntropyOptions o;
   o.reduction = static_cast<keel::Reduction>(in.ConsumeIntegralInRange<std::uint8_t>(0, 3));
   o.ignore_index = in.ConsumeBool() ? -100 : in.ConsumeIntegralInRange<std::int64_t>(-2, 10);
-  const std::vector<std::int64_t> lead = batched ? std::vector<std::int64_t>{b, t}
-                                                 : std::vector<std::int64_t>{n};
+  const std::vector<std::int64_t> lead =
+      batched ? std::vector<std::int64_t>{b, t} : std::vector<std::int64_t>{n};
   std::vector<std::int64_t> hidden_shape = lead;
   hidden_shape.push_back(d);
   const at::Tensor hidden = tensor(in, hidden_shape, type);
   const at::Tensor weight = tensor(in, {v, d}, in.ConsumeBool() ? type : dtype(in));
-  const at::Tensor target = tensor(in, lead, in.ConsumeIntegralInRange<int>(0, 5) == 0 ? dtype(in) : at::kLong,
-                                   -2, v + 1);
+  const at::Tensor target = tensor(
+      in, lead, in.ConsumeIntegralInRange<int>(0, 5) == 0 ? dtype(in) : at::kLong, -2, v + 1);
   if (in.ConsumeBool()) o.label_smoothing = real(in);
   if (in.ConsumeIntegralInRange<int>(0, 3) == 0) {
     o.class_weights = tensor(in, {v}, in.ConsumeBool() ? at::kFloat : dtype(in));
   }
   if (in.ConsumeBool()) o.z_loss = real(in);
   if (in.ConsumeBool()) o.logit_softcap = real(in);
-  if (in.ConsumeIntegralInRange<int>(0, 3) == 0) o.bias = tensor(in, {v}, in.ConsumeBool() ? type : dtype(in));
+  if (in.ConsumeIntegralInRange<int>(0, 3) == 0)
+    o.bias = tensor(in, {v}, in.ConsumeBool() ? type : dtype(in));
   if (in.ConsumeBool()) o.chunk_size = parameter(in);
   if (in.ConsumeBool()) o.vocab_chunk_size = parameter(in);
   if (in.ConsumeBool()) o.chunk_budget_bytes = parameter(in);
   if (in.ConsumeIntegralInRange<int>(0, 3) == 0) {
     // Any ScalarType code, including ones that are not float types.
-    o.accumulation_dtype = static_cast<c10::ScalarType>(in.ConsumeIntegralInRange<std::int8_t>(-1, 50));
+    o.accumulation_dtype =
+        static_cast<c10::ScalarType>(in.ConsumeIntegralInRange<std::int8_t>(-1, 50));
   }
   o.return_per_token_loss = in.ConsumeBool();
   o.return_lse = in.ConsumeBool();
@@ -68,7 +70,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   };
   if (grad && differentiable(h)) h = h.detach().requires_grad_(true);
   if (grad && differentiable(w)) w = w.detach().requires_grad_(true);
-  if (grad && differentiable(o.bias) && in.ConsumeBool()) o.bias = o.bias.detach().requires_grad_(true);
+  if (grad && differentiable(o.bias) && in.ConsumeBool())
+    o.bias = o.bias.detach().requires_grad_(true);
 
   const keel::result<keel::LossOutput> r = keel::linear_cross_entropy(h, w, target, o);
   if (!r) return 0;

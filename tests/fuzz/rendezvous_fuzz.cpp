@@ -16,11 +16,18 @@
 
 namespace {
 
-constexpr const char* kVariables[] = {
-    "MASTER_ADDR",   "MASTER_PORT",  "RANK",          "WORLD_SIZE",
-    "LOCAL_RANK",    "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS",
-    "SLURM_LOCALID", "SLURM_LAUNCH_NODE_IPADDR", "TORCHELASTIC_USE_AGENT_STORE",
-    "TORCHELASTIC_RESTART_COUNT"};
+constexpr const char* kVariables[] = {"MASTER_ADDR",
+                                      "MASTER_PORT",
+                                      "RANK",
+                                      "WORLD_SIZE",
+                                      "LOCAL_RANK",
+                                      "LOCAL_WORLD_SIZE",
+                                      "SLURM_PROCID",
+                                      "SLURM_NTASKS",
+                                      "SLURM_LOCALID",
+                                      "SLURM_LAUNCH_NODE_IPADDR",
+                                      "TORCHELASTIC_USE_AGENT_STORE",
+                                      "TORCHELASTIC_RESTART_COUNT"};
 
 // A value that looks like what the variable holds, or arbitrary text.
 std::string value(FuzzedDataProvider& in) {
@@ -66,7 +73,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         (p.port < 1 || p.port > 65535 || p.host.empty())) {
       __builtin_trap();
     }
-  } else if (plan.error().code() != keel::Errc::invalid_argument || plan.error().message().empty()) {
+  } else if (plan.error().code() != keel::Errc::invalid_argument ||
+             plan.error().message().empty()) {
     __builtin_trap();
   }
   const auto backend = keel::parse_backend(in.ConsumeRemainingBytesAsString());

@@ -36,9 +36,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       __builtin_trap();
     }
     // Bitwise: NaN payloads included (compared as bytes).
-    if (tensor.numel() > 0 &&
-        !at::equal(tensor.contiguous().reshape({-1}).view(at::kByte),
-                   it->second.contiguous().reshape({-1}).view(at::kByte))) {
+    if (tensor.numel() > 0 && !at::equal(tensor.contiguous().reshape({-1}).view(at::kByte),
+                                         it->second.contiguous().reshape({-1}).view(at::kByte))) {
       __builtin_trap();
     }
   }

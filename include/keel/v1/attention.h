@@ -203,8 +203,8 @@ struct AttentionOutput {
 /// `invalid_argument` naming the argument for bad input, `unsupported` when
 /// the requested adapter cannot serve the call, `backend_error` when libtorch
 /// fails.
-KEEL_API result<AttentionOutput> attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                  const AttentionSpec& spec = {});
+KEEL_API result<AttentionOutput> attention(const at::Tensor& q, const at::Tensor& k,
+                                           const at::Tensor& v, const AttentionSpec& spec = {});
 
 }  // namespace v1
 }  // namespace keel

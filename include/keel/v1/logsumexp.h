@@ -65,7 +65,8 @@ struct LogsumexpOutput {
 /// defined, a bool tensor on the same device broadcastable to it. Errors:
 /// `invalid_argument` for bad arguments, `unsupported` when the requested
 /// adapter cannot serve the call, `backend_error` when libtorch fails.
-KEEL_API result<LogsumexpOutput> logsumexp(const at::Tensor& input, const LogsumexpOptions& options = {});
+KEEL_API result<LogsumexpOutput> logsumexp(const at::Tensor& input,
+                                           const LogsumexpOptions& options = {});
 
 }  // namespace v1
 }  // namespace keel

@@ -171,8 +171,8 @@ struct LossOutput {
 /// the argument), `unsupported` when the requested adapter cannot serve the
 /// call, `backend_error` when libtorch fails.
 KEEL_API result<LossOutput> linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
-                                        const at::Tensor& target,
-                                        const LinearCrossEntropyOptions& options = {});
+                                                 const at::Tensor& target,
+                                                 const LinearCrossEntropyOptions& options = {});
 
 }  // namespace v1
 }  // namespace keel
