@@ -22,11 +22,10 @@
 #include <ATen/ATen.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "../distributed/loopback.h"
+#include "gloo_contenders.h"
 #include "keel/v1/comm.h"
 
 extern char** environ;
@@ -50,30 +49,11 @@ double seconds_per_op(F&& op, int iterations) {
 }
 
 int worker(int rank, int n, int port, int rounds) {
-  keel::comm::CommOptions o;
-  o.rendezvous = "tcp://127.0.0.1:" + std::to_string(port);
-  o.rank = rank;
-  o.world_size = n;
-  o.timeout = std::chrono::seconds(120);
-  auto made = keel::comm::Communicator::create(o);
-  if (!made) {
-    std::fprintf(stderr, "rank %d: %s\n", rank, made.error().to_string().c_str());
-    return 1;
-  }
-  keel::comm::Communicator comm = made.value();
-
+  auto made = keel::testing::keel_world(rank, n, port);
+  if (!made) return 1;
+  keel::comm::Communicator comm = *made;
   // The raw contender: ProcessGroupGloo as a c10d user builds it.
-  c10d::TCPStoreOptions so;
-  so.port = static_cast<std::uint16_t>(port + 1);
-  so.isServer = rank == 0;
-  so.waitWorkers = false;
-  so.timeout = std::chrono::seconds(120);
-  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
-  auto go = c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(120));
-  go->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-  go->threads = 2;
-  auto raw = c10::make_intrusive<c10d::ProcessGroupGloo>(
-      c10::make_intrusive<c10d::PrefixStore>("raw", store), rank, n, go);
+  auto raw = keel::testing::raw_gloo_world(rank, n, port, 2);
 
   if (rank == 0) {
     std::printf(

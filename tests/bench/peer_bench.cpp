@@ -39,10 +39,9 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "gloo_contenders.h"
 #include "keel/keel.h"
 #include "keel/v1/comm.h"
 
@@ -207,28 +206,11 @@ int loss_memory(std::int64_t n, std::int64_t d, std::int64_t v, std::int64_t bud
 
 int comm(int rank, int world, int port, const std::vector<std::int64_t>& sizes,
          const std::string& order) {
-  keel::comm::CommOptions o;
-  o.rendezvous = "tcp://127.0.0.1:" + std::to_string(port);
-  o.rank = rank;
-  o.world_size = world;
-  o.timeout = std::chrono::seconds(120);
-  auto made = keel::comm::Communicator::create(o);
-  if (!made) {
-    std::fprintf(stderr, "rank %d: %s\n", rank, made.error().to_string().c_str());
-    return 1;
-  }
-  keel::comm::Communicator communicator = made.value();
-  // The raw contender, as a c10d user builds it (the same as keel_comm_bench).
-  c10d::TCPStoreOptions so;
-  so.port = static_cast<std::uint16_t>(port + 1);
-  so.isServer = rank == 0;
-  so.waitWorkers = false;
-  so.timeout = std::chrono::seconds(120);
-  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
-  auto go = c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(120));
-  go->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-  auto raw = c10::make_intrusive<c10d::ProcessGroupGloo>(
-      c10::make_intrusive<c10d::PrefixStore>("raw", store), rank, world, go);
+  auto made = keel::testing::keel_world(rank, world, port);
+  if (!made) return 1;
+  keel::comm::Communicator communicator = *made;
+  // The raw contender: ProcessGroupGloo as a c10d user builds it.
+  auto raw = keel::testing::raw_gloo_world(rank, world, port);
 
   for (const std::int64_t bytes : sizes) {
     at::Tensor t = at::ones({bytes / 4});

@@ -4,7 +4,6 @@
     $KEEL_DEPS_DIR/peers-venv/bin/peers-python tests/bench/peers/plot.py docs/
         (reads docs/peers-{attention,loss,comm}.json, writes docs/peers-*.png)
 """
-import json
 import os
 import sys
 
@@ -13,19 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-
-def load(directory, name):
-    path = os.path.join(directory, f"peers-{name}.json")
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        data = json.load(f)
-    # The large loss size runs apart (docs/peers-loss-large.json): one table.
-    extra = os.path.join(directory, f"peers-{name}-large.json")
-    if name == "loss" and os.path.exists(extra):
-        with open(extra) as f:
-            data["sizes"] += json.load(f)["sizes"]
-    return data
+from report import load  # noqa: E402  (same folder: the results are read one way)
 
 
 def attention(data, out):
