@@ -371,6 +371,28 @@ std::vector<LostPeer> find_lost(GroupState& g, Clock::time_point limit) {
   }
 }
 
+// Fails operation `seq` after c10d reported `text`: peer_lost naming the
+// rank when the heartbeats tell one died (waiting for them up to `limit`),
+// else the code `text` suggests.
+Error fail_from_c10d(GroupState& g, std::uint64_t seq, const std::string& what,
+                     const std::string& text, Clock::time_point limit) {
+  auto lost = find_lost(g, limit);
+  if (!lost.empty()) {
+    return fail(
+        g, seq, "peer_lost",
+        Error(Errc::peer_lost, absl::StrCat("keel::comm: ", what, ": ", describe_lost(g, lost),
+                                            " (c10d: ", text, ")")));
+  }
+  const Errc code = classify(text);
+  return fail(g, seq, code == Errc::timeout ? "timed_out" : "failed",
+              Error(code, absl::StrCat("keel::comm: ", what, ": ",
+                                       code == Errc::peer_lost
+                                           ? "a peer closed its connection (its rank is not "
+                                             "known: every heartbeat is live); "
+                                           : "",
+                                       "c10d: ", text)));
+}
+
 void log_done(const WorkState& w, const char* state) {
   if (!internal::log_enabled("comm")) return;
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - w.start).count();
@@ -451,21 +473,7 @@ result<void> wait_work(WorkState& w, Clock::time_point deadline) {
     if (finished) {
       const std::string text = exception_text(error);
       if (g.aborted.load()) continue;  // abort() made it fail: report that
-      auto lost = find_lost(g, deadline + Millis(2000));
-      if (!lost.empty()) {
-        return fail(
-            g, w.seq, "peer_lost",
-            Error(Errc::peer_lost, absl::StrCat("keel::comm: ", w.what, ": ",
-                                                describe_lost(g, lost), " (c10d: ", text, ")")));
-      }
-      const Errc code = classify(text);
-      return fail(g, w.seq, code == Errc::timeout ? "timed_out" : "failed",
-                  Error(code, absl::StrCat("keel::comm: ", w.what, ": ",
-                                           code == Errc::peer_lost
-                                               ? "a peer closed its connection (its rank is not "
-                                                 "known: every heartbeat is live); "
-                                               : "",
-                                           "c10d: ", text)));
+      return fail_from_c10d(g, w.seq, w.what, text, deadline + Millis(2000));
     }
     auto lost = live.lost(g.world_ranks);
     if (!lost.empty()) {
@@ -706,6 +714,11 @@ result<Work> issue(const std::shared_ptr<GroupState>& g, Op op, const CallOption
     if (!started) {
       g->pending.fetch_sub(1);
       w->done = true;
+      // Gloo's send can fail as it is issued, when the peer it writes to
+      // has died: name the peer as a failed wait would (found by the soak).
+      if (classify(started.error().message()) == Errc::peer_lost) {
+        return fail_from_c10d(*g, w->seq, w->what, started.error().message(), w->deadline);
+      }
       return fail(*g, w->seq, "failed", started.error());
     }
     w->work = std::move(started).value();
