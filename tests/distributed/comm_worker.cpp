@@ -262,7 +262,8 @@ void reform_and_check(Communicator& comm, int survivors, const std::string& op) 
     fail("reform: size " + std::to_string(c.size()) + ", expected " + std::to_string(survivors));
     return;
   }
-  ok(one_op(c, op), op + " after reform");
+  // A world of one has no peer to send to.
+  if (op != "send_recv" || c.size() > 1) ok(one_op(c, op), op + " after reform");
   at::Tensor t = at::full({1000}, static_cast<double>(c.rank() + 1));
   if (ok(c.all_reduce(t), "all_reduce after reform")) {
     expect_equal(t, at::full({1000}, survivors * (survivors + 1) / 2.0), "all_reduce after reform");
