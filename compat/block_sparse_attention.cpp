@@ -334,6 +334,7 @@ struct Piece {
   std::int64_t len = 0;
   std::int64_t run = 0;     // index of the range within its query block
   std::int64_t shape = -1;  // mask identity: pieces of equal shape id share a mask
+  bool causal = false;      // a diagonal block served by the kernel's causal flag
   at::Tensor mask;
   at::Tensor nonempty;
 };
@@ -383,6 +384,50 @@ void plan_batches(const AttentionSpec& spec, const MaskGeometry& g, std::int64_t
       return kb0 == o.kb0 && kb1 == o.kb1 && partial == o.partial;
     }
   };
+  // Whether the diagonal block of query block qb is visible exactly as its
+  // lower triangle (key j sees query i iff j <= i within the block), so that
+  // the kernel's own causal flag serves it without a mask.
+  const auto causal_diagonal = [&](std::int64_t qb) {
+    const std::int64_t q0 = qb * bq;
+    const std::int64_t rows = std::min(bq, g.q_len - q0);
+    if (bq != bk || qb >= kv_blocks || !visible[qb][qb] || full[qb][qb] ||
+        rows != std::min(bk, g.kv_len - q0)) {
+      return false;
+    }
+    const at::Tensor keys = at::arange(q0, q0 + rows, at::TensorOptions().dtype(at::kLong));
+    const at::Tensor keep = materialize_tile(spec, g, q0, rows, keys);
+    if (keep.size(0) != 1 || keep.size(1) != 1) return false;
+    return at::equal(keep.view({rows, rows}),
+                     at::ones({rows, rows}, keep.options()).tril());
+  };
+
+  // A mask that is plain top-left causal in disguise (a window or documents
+  // at least as long as the sequence): one call with the kernel's causal flag.
+  bool causal_everywhere = g.q_len == g.kv_len && bq == bk;
+  for (std::int64_t qb = 0; causal_everywhere && qb < q_blocks; ++qb) {
+    for (std::int64_t kb = 0; causal_everywhere && kb < kv_blocks; ++kb) {
+      causal_everywhere = visible[qb][kb] == (kb <= qb) && (kb >= qb || full[qb][kb]);
+    }
+    causal_everywhere = causal_everywhere && causal_diagonal(qb);
+  }
+  if (causal_everywhere) {
+    FlashGroup group;
+    group.b0 = b0;
+    group.nb = g.batch;
+    group.rows = group.q_step = g.q_len;
+    group.len = group.k_step = g.kv_len;
+    group.causal = true;
+    groups.push_back(std::move(group));
+    return;
+  }
+
+  // Where ranges differ from one query block to the next (documents), a
+  // range ending in an exactly causal diagonal block is cut there: the
+  // diagonal blocks of all query blocks make one batched causal call and the
+  // rest of each range runs unmasked, merged by log-sum-exp. Where every
+  // block shares one masked range (windows) that single batched call is
+  // cheaper than two calls and a merge, so ranges are kept whole.
+  const bool cut_diagonals = !translation_invariant(spec);
   std::vector<Piece> pieces;
   std::vector<Run> previous;
   bool previous_merges = false;
@@ -399,12 +444,35 @@ void plan_batches(const AttentionSpec& spec, const MaskGeometry& g, std::int64_t
     }
     const std::int64_t q0 = qb * bq;
     const std::int64_t rows = std::min(bq, g.q_len - q0);
+    const bool cut = cut_diagonals && !runs.empty() && runs.back().kb1 == qb + 1 &&
+                     causal_diagonal(qb);
+    if (cut) {
+      Run& last_run = runs.back();
+      last_run.kb1 = qb;
+      last_run.partial = false;
+      for (std::int64_t kb = last_run.kb0; kb < last_run.kb1; ++kb) {
+        last_run.partial = last_run.partial || !full[qb][kb];
+      }
+      if (last_run.kb0 == last_run.kb1) runs.pop_back();
+    }
     bool any_partial = false;
     for (const Run& r : runs) any_partial = any_partial || r.partial;
     // Query blocks that see the same unmasked ranges share their calls.
-    if (previous_merges && !any_partial && runs == previous) {
+    if (!cut && previous_merges && !any_partial && runs == previous) {
       for (std::size_t i = 0; i < runs.size(); ++i) pieces[pieces.size() - 1 - i].rows += rows;
       continue;
+    }
+    // The diagonal goes first (run 0) in every query block, so that all of
+    // them are evenly spaced and batch into one call.
+    const std::int64_t first = cut ? 1 : 0;
+    if (cut) {
+      Piece p;
+      p.q0 = q0;
+      p.rows = rows;
+      p.k0 = q0;
+      p.len = rows;
+      p.causal = true;
+      pieces.push_back(std::move(p));
     }
     for (std::size_t i = 0; i < runs.size(); ++i) {
       Piece p;
@@ -412,12 +480,12 @@ void plan_batches(const AttentionSpec& spec, const MaskGeometry& g, std::int64_t
       p.rows = rows;
       p.k0 = runs[i].kb0 * bk;
       p.len = std::min(g.kv_len, runs[i].kb1 * bk) - p.k0;
-      p.run = static_cast<std::int64_t>(i);
+      p.run = first + static_cast<std::int64_t>(i);
       p.shape = runs[i].partial ? 0 : -1;  // the mask's identity, resolved below
       pieces.push_back(std::move(p));
     }
     previous = std::move(runs);
-    previous_merges = !any_partial;
+    previous_merges = !cut && !any_partial;
   }
 
   // Masks of partial pieces. Under a translation-invariant spec a mask is
@@ -466,7 +534,8 @@ void plan_batches(const AttentionSpec& spec, const MaskGeometry& g, std::int64_t
   for (const Piece& p : pieces) {
     FlashGroup* open = groups.empty() ? nullptr : &groups.back();
     if (last != nullptr && open != nullptr && last->run == p.run && last->rows == p.rows &&
-        last->len == p.len && p.k0 >= last->k0 && same_mask(*last, p)) {
+        last->len == p.len && p.k0 >= last->k0 && last->causal == p.causal &&
+        same_mask(*last, p)) {
       const std::int64_t q_step = p.q0 - last->q0;
       const std::int64_t k_step = p.k0 - last->k0;
       if (open->count == 1 || (open->q_step == q_step && open->k_step == k_step)) {
@@ -486,6 +555,7 @@ void plan_batches(const AttentionSpec& spec, const MaskGeometry& g, std::int64_t
     group.k0 = p.k0;
     group.k_step = p.len;
     group.len = p.len;
+    group.causal = p.causal;
     group.mask = p.mask;
     group.nonempty = p.nonempty;
     group.merge = p.run > 0;

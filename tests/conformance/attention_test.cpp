@@ -3,6 +3,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -533,6 +534,55 @@ TEST_P(AttentionConformance, BatchedFlashCallsMatchReferenceWithLseGradients) {
     for (std::size_t n = 0; n < g.size(); ++n) {
       SCOPED_TRACE(n);
       EXPECT_FALSE(g[n].isnan().any().item<bool>());
+      const double scale = std::max(1.0, rg[n].abs().max().item<double>());
+      EXPECT_LE(max_error(g[n], rg[n]), 1e-4 * scale);
+    }
+  }
+}
+
+// Causal diagonal blocks run under the kernel's own causal flag, without a
+// mask: a mask that is causal in disguise (a window or one document as long
+// as the sequence) is one causal call, and causal documents aligned to the
+// 128-blocks are two calls (every diagonal block in one, the earlier blocks
+// of each document unmasked in the other, merged by log-sum-exp). Documents
+// are planned per batch (their ids may differ), so their counts are for
+// both batches. Documents whose boundaries fall inside a block keep their
+// masks. The numbers are checked against the float64 reference, the call
+// counts in DispatchInfo.
+TEST_P(AttentionConformance, CausalDiagonalsRunUnderTheKernelsCausalFlag) {
+  Shape s{2, 2, 1, 640, 640, 32, 32};
+  const auto per_batch = [&s](const at::Tensor& ids) { return ids.expand({s.B, s.Lq}); };
+  const at::Tensor one_document = per_batch(at::zeros({s.Lq}, at::kLong));
+  const at::Tensor aligned = per_batch(at::arange(s.Lq, at::kLong).floor_divide(256));
+  const at::Tensor unaligned = per_batch(at::arange(s.Lq, at::kLong).floor_divide(200));
+  const std::vector<std::tuple<const char*, AttentionSpec, const char*>> cases = {
+      {"window as long as the sequence", with_masks({Mask::sliding_window(640, 0)}), "(1 call(s)"},
+      {"one document", with_masks({Mask::causal(), Mask::document(one_document, one_document)}),
+       "(2 call(s)"},
+      {"aligned documents", with_masks({Mask::causal(), Mask::document(aligned, aligned)}),
+       "(4 call(s)"},
+      {"unaligned documents", with_masks({Mask::causal(), Mask::document(unaligned, unaligned)}),
+       " call(s)"}};
+  for (const auto& [name, base, calls] : cases) {
+    SCOPED_TRACE(name);
+    Qkv x = make_qkv(s);
+    AttentionSpec spec = base;
+    spec.return_lse = true;
+    const AttentionOutput got = run(x, spec);
+    ASSERT_TRUE(got.out.defined());
+    expect_within_rule(x, spec, got, 1e-6);
+    EXPECT_NE(got.dispatch.reason.find(calls), std::string::npos) << got.dispatch.reason;
+    x.q.requires_grad_(true);
+    x.k.requires_grad_(true);
+    x.v.requires_grad_(true);
+    const AttentionOutput with_grad = run(x, spec);
+    const at::Tensor up = at::randn(with_grad.out.sizes(), at::kDouble);
+    const auto g = torch::autograd::grad({(with_grad.out.to(at::kDouble) * up).sum()},
+                                         {x.q, x.k, x.v});
+    const auto [ro, rl] = reference::attention(x.q, x.k, x.v, spec);
+    const auto rg = torch::autograd::grad({(ro.to(at::kDouble) * up).sum()}, {x.q, x.k, x.v});
+    for (std::size_t n = 0; n < g.size(); ++n) {
+      SCOPED_TRACE(n);
       const double scale = std::max(1.0, rg[n].abs().max().item<double>());
       EXPECT_LE(max_error(g[n], rg[n]), 1e-4 * scale);
     }
