@@ -397,8 +397,7 @@ void plan_batches(const AttentionSpec& spec, const MaskGeometry& g, std::int64_t
     const at::Tensor keys = at::arange(q0, q0 + rows, at::TensorOptions().dtype(at::kLong));
     const at::Tensor keep = materialize_tile(spec, g, q0, rows, keys);
     if (keep.size(0) != 1 || keep.size(1) != 1) return false;
-    return at::equal(keep.view({rows, rows}),
-                     at::ones({rows, rows}, keep.options()).tril());
+    return at::equal(keep.view({rows, rows}), at::ones({rows, rows}, keep.options()).tril());
   };
 
   // A mask that is plain top-left causal in disguise (a window or documents
@@ -444,8 +443,8 @@ void plan_batches(const AttentionSpec& spec, const MaskGeometry& g, std::int64_t
     }
     const std::int64_t q0 = qb * bq;
     const std::int64_t rows = std::min(bq, g.q_len - q0);
-    const bool cut = cut_diagonals && !runs.empty() && runs.back().kb1 == qb + 1 &&
-                     causal_diagonal(qb);
+    const bool cut =
+        cut_diagonals && !runs.empty() && runs.back().kb1 == qb + 1 && causal_diagonal(qb);
     if (cut) {
       Run& last_run = runs.back();
       last_run.kb1 = qb;
@@ -534,8 +533,7 @@ void plan_batches(const AttentionSpec& spec, const MaskGeometry& g, std::int64_t
   for (const Piece& p : pieces) {
     FlashGroup* open = groups.empty() ? nullptr : &groups.back();
     if (last != nullptr && open != nullptr && last->run == p.run && last->rows == p.rows &&
-        last->len == p.len && p.k0 >= last->k0 && last->causal == p.causal &&
-        same_mask(*last, p)) {
+        last->len == p.len && p.k0 >= last->k0 && last->causal == p.causal && same_mask(*last, p)) {
       const std::int64_t q_step = p.q0 - last->q0;
       const std::int64_t k_step = p.k0 - last->k0;
       if (open->count == 1 || (open->q_step == q_step && open->k_step == k_step)) {

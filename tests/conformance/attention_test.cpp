@@ -577,8 +577,8 @@ TEST_P(AttentionConformance, CausalDiagonalsRunUnderTheKernelsCausalFlag) {
     x.v.requires_grad_(true);
     const AttentionOutput with_grad = run(x, spec);
     const at::Tensor up = at::randn(with_grad.out.sizes(), at::kDouble);
-    const auto g = torch::autograd::grad({(with_grad.out.to(at::kDouble) * up).sum()},
-                                         {x.q, x.k, x.v});
+    const auto g =
+        torch::autograd::grad({(with_grad.out.to(at::kDouble) * up).sum()}, {x.q, x.k, x.v});
     const auto [ro, rl] = reference::attention(x.q, x.k, x.v, spec);
     const auto rg = torch::autograd::grad({(ro.to(at::kDouble) * up).sum()}, {x.q, x.k, x.v});
     for (std::size_t n = 0; n < g.size(); ++n) {
