@@ -1,6 +1,7 @@
 #include "chunked_linear_cross_entropy.h"
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -111,7 +112,7 @@ Problem make_problem(const at::Tensor& hidden, const at::Tensor& weight, const a
     p.class_weights = class_weights.detach().to(p.acc).contiguous();
     p.class_weight_sum = ordered_sum(p.class_weights).item<double>();
   }
-  p.plan = plan_chunks(hidden.size(0), weight.size(0), hidden.scalar_type(), config,
+  p.plan = plan_chunks(hidden.size(0), hidden.size(1), weight.size(0), hidden.scalar_type(), config,
                        class_weights.defined(), grad);
   return p;
 }
@@ -602,11 +603,25 @@ at::ScalarType accumulation_dtype(at::ScalarType input, const LinearCrossEntropy
   return input == at::kDouble ? at::kDouble : at::kFloat;
 }
 
-ChunkPlan plan_chunks(std::int64_t n_tokens, std::int64_t vocab, at::ScalarType input,
-                      const LinearCrossEntropyConfig& config, bool class_weights, bool grad) {
+std::int64_t budget_bytes(std::int64_t n_tokens, std::int64_t features, std::int64_t vocab,
+                          at::ScalarType input, const LinearCrossEntropyConfig& config) {
+  if (config.budget_bytes > 0) return config.budget_bytes;
+  // (N + V) * D * element size / 8, in double: the product may pass 2^63
+  // for sizes no allocation could hold.
+  const double gradients = (static_cast<double>(n_tokens) + static_cast<double>(vocab)) *
+                           static_cast<double>(features) *
+                           static_cast<double>(element_size(accumulation_dtype(input, config)));
+  const double share = gradients / static_cast<double>(kGradientBytesPerBudgetByte);
+  constexpr auto kMax = static_cast<double>(std::numeric_limits<std::int64_t>::max() / 2);
+  return std::max(kMinAutomaticBudgetBytes, static_cast<std::int64_t>(std::min(share, kMax)));
+}
+
+ChunkPlan plan_chunks(std::int64_t n_tokens, std::int64_t features, std::int64_t vocab,
+                      at::ScalarType input, const LinearCrossEntropyConfig& config,
+                      bool class_weights, bool grad) {
   const at::ScalarType acc = accumulation_dtype(input, config);
   const std::int64_t bytes = bytes_per_element(input, acc, config, class_weights, grad);
-  const std::int64_t budget = std::max<std::int64_t>(1, config.budget_bytes);
+  const std::int64_t budget = budget_bytes(n_tokens, features, vocab, input, config);
   const std::int64_t tokens_max = std::max<std::int64_t>(1, n_tokens);
   ChunkPlan plan;
   plan.vocab = config.vocab_chunk_size > 0 ? std::min(config.vocab_chunk_size, vocab) : vocab;

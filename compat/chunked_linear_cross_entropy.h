@@ -27,8 +27,16 @@ namespace keel::compat {
 enum class LossReduction : std::uint8_t { mean, sum, none };
 
 // The working-set budget the automatic chunk sizes are chosen for, when the
-// caller gives none.
-constexpr std::int64_t kDefaultChunkBudgetBytes = std::int64_t{8} << 20;
+// caller gives none (budget_bytes = 0): an eighth of the gradients of hidden
+// and weight in the accumulation dtype ((N + V) * D elements), which a
+// training step holds anyway, and at least kMinAutomaticBudgetBytes. Small
+// row chunks cost time (each repacks all of W for its GEMMs and rewrites all
+// of grad_weight), a large block costs memory; on the CI size (N=4096,
+// D=1024, V=32768) this gives 144 whole rows, measured 1.07x the naive
+// loss's time at 0.105x its peak memory, where the 8 MiB floor alone gives
+// 1.30x at 0.099x (docs/benchmarks.md).
+constexpr std::int64_t kMinAutomaticBudgetBytes = std::int64_t{8} << 20;
+constexpr std::int64_t kGradientBytesPerBudgetByte = 8;
 
 struct LinearCrossEntropyConfig {
   LossReduction reduction = LossReduction::mean;
@@ -36,9 +44,9 @@ struct LinearCrossEntropyConfig {
   double label_smoothing = 0.0;
   double z_loss = 0.0;
   double logit_softcap = 0.0;
-  std::int64_t chunk_size = 0;                           // tokens per chunk; 0 = from the budget
-  std::int64_t vocab_chunk_size = 0;                     // classes per block; 0 = from the budget
-  std::int64_t budget_bytes = kDefaultChunkBudgetBytes;  // > 0
+  std::int64_t chunk_size = 0;        // tokens per chunk; 0 = from the budget
+  std::int64_t vocab_chunk_size = 0;  // classes per block; 0 = from the budget
+  std::int64_t budget_bytes = 0;      // 0 = automatic
   // float32 or float64; Undefined = float64 for float64 input, else float32.
   at::ScalarType accumulation = at::ScalarType::Undefined;
 };
@@ -53,12 +61,19 @@ struct ChunkPlan {
 // The accumulation dtype a config resolves to for an input dtype.
 at::ScalarType accumulation_dtype(at::ScalarType input, const LinearCrossEntropyConfig& config);
 
-// The chunking of a call with `n_tokens` tokens and `vocab` classes. An
-// explicit chunk_size / vocab_chunk_size is kept (clamped to N / V); with
-// both automatic, whole rows are used when at least kMinRowsPerChunk of them
-// fit the budget, else vocabulary blocks of kRowsPerVocabBlock tokens.
-ChunkPlan plan_chunks(std::int64_t n_tokens, std::int64_t vocab, at::ScalarType input,
-                      const LinearCrossEntropyConfig& config, bool class_weights, bool grad);
+// The working-set budget of a call with `n_tokens` tokens of `features`
+// dimensions and `vocab` classes: config.budget_bytes, or the automatic one.
+std::int64_t budget_bytes(std::int64_t n_tokens, std::int64_t features, std::int64_t vocab,
+                          at::ScalarType input, const LinearCrossEntropyConfig& config);
+
+// The chunking of a call with `n_tokens` tokens of `features` dimensions and
+// `vocab` classes. An explicit chunk_size / vocab_chunk_size is kept
+// (clamped to N / V); with both automatic, whole rows are used when at least
+// kMinRowsPerChunk of them fit the budget, else vocabulary blocks of
+// kRowsPerVocabBlock tokens.
+ChunkPlan plan_chunks(std::int64_t n_tokens, std::int64_t features, std::int64_t vocab,
+                      at::ScalarType input, const LinearCrossEntropyConfig& config,
+                      bool class_weights, bool grad);
 
 struct LinearCrossEntropyOutputs {
   at::Tensor loss;            // scalar, or [N] for none; carries autograd

@@ -8,8 +8,10 @@
 
 namespace keel::adapters {
 
-static_assert(compat::kDefaultChunkBudgetBytes == kLinearCrossEntropyChunkBudgetBytes,
-              "compat's default budget is the one keel/v1/loss.h documents");
+static_assert(compat::kMinAutomaticBudgetBytes == kLinearCrossEntropyChunkBudgetBytes,
+              "compat's automatic budget has the floor keel/v1/loss.h documents");
+static_assert(compat::kGradientBytesPerBudgetByte == 8,
+              "keel/v1/loss.h documents the automatic budget as an eighth of the gradients");
 
 namespace {
 compat::LossReduction to_compat(Reduction r) {
@@ -44,8 +46,7 @@ internal::LinearCrossEntropyResult CompatLinearCrossEntropy::run(
   config.logit_softcap = o.logit_softcap;
   config.chunk_size = o.chunk_size;
   config.vocab_chunk_size = o.vocab_chunk_size;
-  config.budget_bytes =
-      o.chunk_budget_bytes > 0 ? o.chunk_budget_bytes : kLinearCrossEntropyChunkBudgetBytes;
+  config.budget_bytes = o.chunk_budget_bytes;  // 0: automatic
   config.accumulation = o.accumulation_dtype;
   compat::LinearCrossEntropyOutputs out = compat::chunked_linear_cross_entropy(
       call.hidden, call.weight, o.bias, call.target, o.class_weights, config);

@@ -24,6 +24,7 @@
 #include <absl/strings/str_join.h>
 #include <absl/strings/str_split.h>
 #include <c10/util/Exception.h>
+#include <signal.h>
 #include <unistd.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
@@ -935,9 +936,33 @@ bool Work::is_completed() const noexcept {
 
 // --- Communicator -------------------------------------------------------
 
+namespace {
+
+// gloo writes to peers with writev, not send(MSG_NOSIGNAL): once a peer is
+// dead the next write raises SIGPIPE, which by default kills this process
+// before gloo can report the failure (the soak saw a surviving rank vanish
+// without a word). Ignored, the write fails with EPIPE and the failure
+// reaches the caller as peer_lost. Only the default action is replaced: an
+// application's own choice stands. Once per process.
+void ignore_sigpipe_unless_handled() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) != 0) return;
+    if ((current.sa_flags & SA_SIGINFO) != 0 || current.sa_handler != SIG_DFL) return;
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    ::sigaction(SIGPIPE, &ignore, nullptr);
+  });
+}
+
+}  // namespace
+
 result<Communicator> Communicator::create(const CommOptions& options) {
   auto valid = validate_options(options);
   if (!valid) return valid.error();
+  ignore_sigpipe_unless_handled();
   auto plan = internal::comm_detail::plan_rendezvous(options);
   if (!plan) return plan.error();
 

@@ -4,6 +4,11 @@
 // memory of one forward+backward. Built, not run by ctest:
 //   build/torch-2.13/tests/keel_loss_bench [--size=ci|large|small] [--rounds=R]
 //                                          [--budget=BYTES] [--only=CONTENDER]
+//                                          [--sweep=MIB,MIB,...]
+//
+// --sweep times keel's forward+backward at each working-set budget (MiB)
+// against naive and the three GEMMs, alternated in one run, and prints the
+// memory and time ratios of each: where the memory and time targets meet.
 //
 // Times: R rounds (default 7); every round runs every contender once, in an
 // order rotated from round to round, so that load from other processes on a
@@ -94,7 +99,8 @@ int main(int argc, char** argv) {
   Size size{4096, 1024, 32768};
   int rounds = 7;
   std::int64_t budget = 0;
-  std::string only;  // --only=NAME: time one contender alone (for a profiler)
+  std::string only;                 // --only=NAME: time one contender alone (for a profiler)
+  std::vector<std::int64_t> sweep;  // --sweep=MiB,...: budgets to compare
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--size=ci") {
@@ -109,6 +115,16 @@ int main(int argc, char** argv) {
       only = arg.substr(7);
     } else if (arg.rfind("--budget=", 0) == 0) {
       budget = std::atoll(arg.c_str() + 9);
+    } else if (arg.rfind("--sweep=", 0) == 0) {
+      for (const char* p = arg.c_str() + 8; *p != '\0';) {
+        char* end = nullptr;
+        sweep.push_back(std::strtoll(p, &end, 10) << 20);
+        p = *end == ',' ? end + 1 : end;
+        if (sweep.back() <= 0 || (*end != ',' && *end != '\0')) {
+          std::fprintf(stderr, "keel_loss_bench: bad --sweep list %s\n", arg.c_str());
+          return 2;
+        }
+      }
     } else {
       std::fprintf(stderr, "keel_loss_bench: unknown argument %s\n", arg.c_str());
       return 2;
@@ -122,10 +138,13 @@ int main(int argc, char** argv) {
   keel::LinearCrossEntropyOptions options;
   options.dispatch.backend = keel::Backend::compat;
   options.chunk_budget_bytes = budget;
-  const auto keel_step = [&](const Inputs& x, bool backward) {
-    at::Tensor loss =
-        keel::linear_cross_entropy(x.hidden, x.weight, x.target, options).value().loss;
+  const auto keel_step_with = [](const Inputs& x, bool backward,
+                                 const keel::LinearCrossEntropyOptions& o) {
+    at::Tensor loss = keel::linear_cross_entropy(x.hidden, x.weight, x.target, o).value().loss;
     if (backward) loss.backward();
+  };
+  const auto keel_step = [&](const Inputs& x, bool backward) {
+    keel_step_with(x, backward, options);
   };
   const auto naive_step = [](const Inputs& x, bool backward) {
     at::Tensor loss = at::cross_entropy_loss(at::linear(x.hidden, x.weight), x.target);
@@ -157,6 +176,16 @@ int main(int argc, char** argv) {
       {"naive_fwd_no_grad", false, no_grad(naive_step)},
       {"keel_fwd_no_grad", false, no_grad(keel_step)},
   };
+  if (!sweep.empty()) {
+    contenders.erase(contenders.begin() + 1);                    // keel at the default budget
+    contenders.erase(contenders.begin() + 2, contenders.end());  // no no_grad ones
+    for (const std::int64_t bytes : sweep) {
+      keel::LinearCrossEntropyOptions o = options;
+      o.chunk_budget_bytes = bytes;
+      contenders.emplace_back("keel@" + std::to_string(bytes >> 20) + "MiB", true,
+                              [keel_step_with, o](const Inputs& x) { keel_step_with(x, true, o); });
+    }
+  }
   const auto clear = [&] {
     in.hidden.mutable_grad() = at::Tensor();
     in.weight.mutable_grad() = at::Tensor();
@@ -193,7 +222,36 @@ int main(int argc, char** argv) {
     std::printf("  %-18s peak %10.1f MiB\n", c.name.c_str(), c.peak_bytes / (1 << 20));
   }
   const double dx_dw = 4.0 * (n * d + v * d);
+  const auto find = [&](const char* name) -> const Contender& {
+    for (const Contender& c : contenders) {
+      if (c.name == name) return c;
+    }
+    std::abort();
+  };
+  const auto time_ratio = [&](const char* a, const char* b) {
+    std::vector<double> ratios;
+    const Contender& x = find(a);
+    const Contender& y = find(b);
+    for (size_t r = 0; r < x.seconds.size(); ++r) ratios.push_back(x.seconds[r] / y.seconds[r]);
+    return median(ratios);
+  };
   const auto memory_ratios = [&] {
+    if (!sweep.empty()) {
+      const double naive = find("naive_fwd_bwd").peak_bytes;
+      std::printf("%-14s %10s %13s %11s %11s\n", "contender", "mem/naive", "beyond dX+dW",
+                  "time/naive", "time/GEMMs");
+      for (size_t k = 2; k < contenders.size(); ++k) {
+        const Contender& c = contenders[k];
+        std::printf("%-14s %10.4f %13.4f", c.name.c_str(), c.peak_bytes / naive,
+                    (c.peak_bytes - dx_dw) / (naive - dx_dw));
+        if (!c.seconds.empty()) {
+          std::printf(" %11.3f %11.3f", time_ratio(c.name.c_str(), "naive_fwd_bwd"),
+                      time_ratio(c.name.c_str(), "three_gemms"));
+        }
+        std::printf("\n");
+      }
+      return;
+    }
     const double keel = contenders[1].peak_bytes;
     const double naive = contenders[0].peak_bytes;
     std::printf("  fwd+bwd peak memory      keel/naive       = %.4f  (target <= 0.10)\n",
@@ -224,21 +282,9 @@ int main(int argc, char** argv) {
     std::printf("%-18s %10.1f %10.1f %10.1f\n", c.name.c_str(), t * 1e3, flops / t / 1e9,
                 c.peak_bytes / (1 << 20));
   }
-  const auto find = [&](const char* name) -> const Contender& {
-    for (const Contender& c : contenders) {
-      if (c.name == name) return c;
-    }
-    std::abort();
-  };
-  const auto time_ratio = [&](const char* a, const char* b) {
-    std::vector<double> ratios;
-    const Contender& x = find(a);
-    const Contender& y = find(b);
-    for (size_t r = 0; r < x.seconds.size(); ++r) ratios.push_back(x.seconds[r] / y.seconds[r]);
-    return median(ratios);
-  };
   std::printf("ratios (time: median of per-round ratios; memory: peak c10 bytes)\n");
   memory_ratios();
+  if (!sweep.empty()) return 0;
   std::printf("  fwd+bwd time             keel/naive       = %.3f  (target <= 1.10)\n",
               time_ratio("keel_fwd_bwd", "naive_fwd_bwd"));
   std::printf("  no_grad forward time     keel/naive       = %.3f  (target <= 1.05)\n",

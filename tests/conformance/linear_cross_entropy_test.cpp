@@ -1,5 +1,6 @@
 // linear_cross_entropy on every adapter of this build against the float64
 // reference (tests/reference/linear_cross_entropy_reference.h).
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -13,6 +14,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "conformance/adapters.h"
+#include "harness/peak_memory.h"
 #include "reference/linear_cross_entropy_reference.h"
 
 namespace keel {
@@ -506,6 +508,43 @@ TEST_P(LinearCrossEntropyConformance, ResultsAreBitwiseIndependentOfTheThreadCou
       EXPECT_TRUE(at::equal(one[i], two[i]))
           << "max abs difference " << (one[i] - two[i]).abs().max().item<double>();
     }
+  }
+}
+
+// The automatic working-set budget is an eighth of the gradients' size
+// ((N + V) * D float32 elements), at least 8 MiB: measured as the peak of
+// forward+backward above the gradients themselves, by the harness's
+// counting allocator. At N=256, D=1024, V=32768 an eighth is 16.1 MiB (the
+// 8 MiB floor would give half the rows); at V=4096 the floor applies.
+TEST_P(LinearCrossEntropyConformance, AutomaticBudgetIsAnEighthOfTheGradientsAndAtLeast8MiB) {
+  constexpr double kMiB = 1 << 20;
+  for (const std::int64_t vocab : {std::int64_t{32768}, std::int64_t{4096}}) {
+    SCOPED_TRACE(vocab);
+    const std::int64_t n = 256;
+    const std::int64_t d = 1024;
+    at::manual_seed(0);
+    const at::Tensor h = at::randn({n, d}).requires_grad_(true);
+    const at::Tensor w = (at::randn({vocab, d}) * 0.05).requires_grad_(true);
+    const at::Tensor y = at::randint(0, vocab, {n}, at::kLong);
+    LinearCrossEntropyOptions o;
+    o.dispatch.backend = GetParam();
+    double peak = 0;
+    {
+      const harness::PeakMemory memory;
+      auto r = linear_cross_entropy(h, w, y, o);
+      ASSERT_TRUE(r) << r.error().to_string();
+      r.value().loss.backward();
+      peak = static_cast<double>(memory.peak_bytes());
+    }
+    const double gradients = 4.0 * static_cast<double>((n + vocab) * d);
+    const double budget = std::max(8 * kMiB, gradients / 8);
+    const double working_set = peak - gradients;
+    // The block is whole rows of V float32 within the budget; per-token
+    // vectors and the loss add a few KiB.
+    const double row = 4.0 * static_cast<double>(vocab);
+    const double rows = std::min(static_cast<double>(n), std::floor(budget / row));
+    EXPECT_LE(working_set, budget + 64 * 1024) << working_set / kMiB << " MiB";
+    EXPECT_GE(working_set, rows * row) << working_set / kMiB << " MiB";
   }
 }
 

@@ -134,7 +134,12 @@ class World {
 
   std::string all_logs() const {
     std::string s;
-    for (int r = 0; r < size(); ++r) s += "--- rank " + std::to_string(r) + "\n" + log(r);
+    for (int r = 0; r < size(); ++r) {
+      // How it ended: an exit code, or 128 + the signal that killed it.
+      const std::string ended =
+          ranks_[r].done ? " (status " + std::to_string(ranks_[r].status) + ")" : "";
+      s += "--- rank " + std::to_string(r) + ended + "\n" + log(r);
+    }
     return s;
   }
 

@@ -4,7 +4,11 @@
 // tests/distributed/.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
+#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -205,6 +209,47 @@ TEST(CommSingleRank, CollectivesOfOneRankAreIdentitiesAndBadArgumentsAreNamed) {
   comm.abort();
   EXPECT_TRUE(comm.is_aborted());
   expect_error(comm.all_reduce(t).error(), Errc::aborted, "abort() was called");
+}
+
+// Exits 0 when, after a Communicator was created, a writev to a socket
+// whose peer is gone fails with EPIPE (what gloo does to a dead peer); if
+// SIGPIPE still had its default action the process dies of it instead.
+void write_to_dead_peer_after_create() {
+  ::signal(SIGPIPE, SIG_DFL);
+  if (!Communicator::create(single())) std::_Exit(3);
+  int fds[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) std::_Exit(4);
+  ::close(fds[1]);
+  char byte = 0;
+  iovec iov{&byte, 1};
+  const ssize_t written = ::writev(fds[0], &iov, 1);
+  std::_Exit(written == -1 && errno == EPIPE ? 0 : 5);
+}
+
+void count_sigpipe(int /*signal*/) {}
+
+// Exits 0 when an application's own SIGPIPE handler survives create.
+void keep_application_sigpipe_handler() {
+  struct sigaction handler {};
+  handler.sa_handler = count_sigpipe;
+  sigemptyset(&handler.sa_mask);
+  ::sigaction(SIGPIPE, &handler, nullptr);
+  if (!Communicator::create(single())) std::_Exit(3);
+  struct sigaction now {};
+  ::sigaction(SIGPIPE, nullptr, &now);
+  std::_Exit(now.sa_handler == count_sigpipe ? 0 : 6);
+}
+
+// Each in a fresh process (gtest re-runs the binary for the test alone), so
+// that the once-per-process setting starts from the state the test makes.
+TEST(CommSigpipe, AWriteToADeadPeerFailsInsteadOfKillingTheProcess) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(write_to_dead_peer_after_create(), ::testing::ExitedWithCode(0), "");
+}
+
+TEST(CommSigpipe, AnApplicationsOwnHandlerIsKept) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(keep_application_sigpipe_handler(), ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace

@@ -181,6 +181,14 @@ class KEEL_API Communicator {
   /// `invalid_argument` on bad options or environment, `timeout` when some
   /// rank never arrives (naming the missing ranks), `unsupported` when this
   /// build lacks the backend.
+  ///
+  /// SIGPIPE: gloo writes to its peers' sockets with `writev`, which raises
+  /// SIGPIPE when a peer has died, and SIGPIPE's default action terminates
+  /// the process. So the first `create` in a process whose SIGPIPE is at
+  /// that default sets it to ignored (as the Python interpreter does at
+  /// startup): a write to a dead peer then fails with EPIPE and comes back
+  /// as `peer_lost`. A disposition the application chose (a handler, or
+  /// ignored) is left as it is.
   static result<Communicator> create(const CommOptions& options = {});
 
   /// This process's rank in the group.
