@@ -635,6 +635,16 @@ ChunkPlan plan_chunks(std::int64_t n_tokens, std::int64_t features, std::int64_t
     return plan;
   }
   const std::int64_t rows = budget / (vocab * bytes);
+  if (!grad && rows < std::min(tokens_max, kMaxRowsPerChunk)) {
+    // Without a gradient the forward is one GEMM and an online
+    // log-sum-exp: vocabulary blocks of kMaxRowsPerChunk tokens repack W
+    // N / 1024 times where whole rows of the budget would repack it N / rows
+    // times (at the CI size 1024 x 4608 blocks take 0.75-0.95 of the naive
+    // forward's time, 144 whole rows 1.06-1.4).
+    plan.tokens = std::min(tokens_max, kMaxRowsPerChunk);
+    plan.vocab = std::clamp<std::int64_t>(budget / (plan.tokens * bytes), 1, vocab);
+    return plan;
+  }
   if (rows >= std::min(kMinRowsPerChunk, tokens_max)) {
     plan.tokens = std::min({rows, tokens_max, kMaxRowsPerChunk});
     return plan;

@@ -70,7 +70,8 @@ std::int64_t budget_bytes(std::int64_t n_tokens, std::int64_t features, std::int
 // `vocab` classes. An explicit chunk_size / vocab_chunk_size is kept
 // (clamped to N / V); with both automatic, whole rows are used when at least
 // kMinRowsPerChunk of them fit the budget, else vocabulary blocks of
-// kRowsPerVocabBlock tokens.
+// kRowsPerVocabBlock tokens; without a gradient (`grad` false), vocabulary
+// blocks of 1024 tokens whenever fewer whole rows fit.
 ChunkPlan plan_chunks(std::int64_t n_tokens, std::int64_t features, std::int64_t vocab,
                       at::ScalarType input, const LinearCrossEntropyConfig& config,
                       bool class_weights, bool grad);
