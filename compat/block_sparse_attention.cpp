@@ -369,7 +369,10 @@ TileMask tile_mask(const AttentionSpec& spec, const MaskGeometry& g, const Piece
 // The calls of the flash route for batches [b0, b0 + nb) under `spec`.
 void plan_batches(const AttentionSpec& spec, const MaskGeometry& g, std::int64_t b0,
                   at::ScalarType dtype, std::vector<FlashGroup>& groups) {
-  const auto [bq, bk] = block_sizes(spec);
+  // Plain variables, not a structured binding: the lambdas below capture them.
+  const std::pair<std::int64_t, std::int64_t> sizes = block_sizes(spec);
+  const std::int64_t bq = sizes.first;
+  const std::int64_t bk = sizes.second;
   const std::int64_t q_blocks = block_count(g.q_len, bq);
   const std::int64_t kv_blocks = block_count(g.kv_len, bk);
   const BlockClasses classes = classify_blocks(spec, g, at::kCPU, bq, bk);

@@ -612,7 +612,7 @@ std::int64_t budget_bytes(std::int64_t n_tokens, std::int64_t features, std::int
                            static_cast<double>(features) *
                            static_cast<double>(element_size(accumulation_dtype(input, config)));
   const double share = gradients / static_cast<double>(kGradientBytesPerBudgetByte);
-  constexpr auto kMax = static_cast<double>(std::numeric_limits<std::int64_t>::max() / 2);
+  constexpr double kMax = static_cast<double>(std::numeric_limits<std::int64_t>::max()) / 2;
   return std::max(kMinAutomaticBudgetBytes, static_cast<std::int64_t>(std::min(share, kMax)));
 }
 
