@@ -32,9 +32,9 @@ enum class LossReduction : std::uint8_t { mean, sum, none };
 // training step holds anyway, and at least kMinAutomaticBudgetBytes. Small
 // row chunks cost time (each repacks all of W for its GEMMs and rewrites all
 // of grad_weight), a large block costs memory; on the CI size (N=4096,
-// D=1024, V=32768) this gives 144 whole rows, measured 1.07x the naive
-// loss's time at 0.105x its peak memory, where the 8 MiB floor alone gives
-// 1.30x at 0.099x (docs/benchmarks.md).
+// D=1024, V=32768) this gives 144 whole rows, measured 0.92-1.07x the
+// naive loss's time at 0.105x its peak memory, where the 8 MiB floor alone
+// gives 1.19-1.30x at 0.099x (docs/benchmarks.md).
 constexpr std::int64_t kMinAutomaticBudgetBytes = std::int64_t{8} << 20;
 constexpr std::int64_t kGradientBytesPerBudgetByte = 8;
 

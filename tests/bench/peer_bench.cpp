@@ -107,7 +107,7 @@ LossCase loss_inputs(std::int64_t n, std::int64_t d, std::int64_t v) {
 
 void loss_step(const LossCase& c, std::int64_t budget) {
   keel::LinearCrossEntropyOptions options;
-  options.chunk_budget_bytes = budget;  // 0: keel's default (8 MiB)
+  options.chunk_budget_bytes = budget;  // 0: keel's automatic budget
   at::Tensor loss = keel::linear_cross_entropy(c.hidden, c.weight, c.target, options).value().loss;
   loss.backward();
   c.hidden.mutable_grad() = at::Tensor();

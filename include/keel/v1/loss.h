@@ -80,8 +80,8 @@ enum class Reduction : std::uint8_t {
 /// step's peak stays within 9/8 of its gradients plus per-token vectors,
 /// while the chunks stay tall enough for the GEMMs to run near full speed:
 /// at N = 4096, D = 1024, V = 32768 in float32 the budget is 18 MiB (144
-/// whole rows), and peak memory is 0.105 of the naive loss's at 1.07 of its
-/// time; 8 MiB would give 0.099 at 1.30 (docs/benchmarks.md). Set
+/// whole rows), and peak memory is 0.105 of the naive loss's at 0.92-1.07
+/// of its time; 8 MiB would give 0.099 at 1.19-1.30 (docs/benchmarks.md). Set
 /// `chunk_budget_bytes` to trade one for the other.
 ///
 /// The working set is one `[tokens, classes]` block in the accumulation
