@@ -45,6 +45,8 @@
 /// - Results depend (within rounding) on the chunk sizes, since grad_weight
 ///   is summed chunk by chunk and the log-sum-exp block by block; for given
 ///   chunk sizes they are bitwise reproducible, whatever the thread count.
+///   The automatic plan differs between a call that wants a gradient and
+///   one that does not, so their losses may differ in the last bits.
 #pragma once
 
 #include <cstdint>
