@@ -10,7 +10,9 @@ Contenders (hidden [N, D] and weight [V, D] require grad, target [N] int64,
 reduction mean):
   keel          keel::linear_cross_entropy (auto dispatch: keel's chunked
                 kernel), through build/torch-2.13/tests/keel_peer_bench, default
-                options (8 MiB working-set budget)
+                options (the automatic working-set budget: an eighth of the
+                gradients, at least 8 MiB; docs/peers-loss*.json were taken
+                when the default was 8 MiB, as keel8m would be today)
   keel<M>m      the same with LinearCrossEntropyOptions::chunk_budget_bytes = M MiB
                 (e.g. keel64m)
   pt_chunked    F.linear_cross_entropy(h, W, y, options=LinearCrossEntropyOptions()),
