@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -24,7 +25,6 @@
 #include <absl/strings/str_join.h>
 #include <absl/strings/str_split.h>
 #include <c10/util/Exception.h>
-#include <signal.h>
 #include <unistd.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
