@@ -1,6 +1,7 @@
 #include "block_sparse_attention.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <limits>
 #include <optional>
 #include <vector>
@@ -240,6 +241,18 @@ struct FlashPlan final : torch::CustomClassHolder {
   double scale = 1.0;
 };
 
+// One call of the kernel with its own top-left causal mask over the whole
+// of batches [b0, b0 + nb).
+FlashGroup whole_causal_call(std::int64_t b0, std::int64_t nb, const MaskGeometry& g) {
+  FlashGroup group;
+  group.b0 = b0;
+  group.nb = nb;
+  group.rows = group.q_step = g.q_len;
+  group.len = group.k_step = g.kv_len;
+  group.causal = true;
+  return group;
+}
+
 // [nb * H, count, len, D] view of a contiguous [B, H, L, D] tensor: segment
 // i of batch-head n starts at row start + i * step.
 at::Tensor segments(const at::Tensor& t, std::int64_t b0, std::int64_t nb, std::int64_t start,
@@ -389,18 +402,24 @@ void plan_batches(const AttentionSpec& spec, const MaskGeometry& g, std::int64_t
   };
   // Whether the diagonal block of query block qb is visible exactly as its
   // lower triangle (key j sees query i iff j <= i within the block), so that
-  // the kernel's own causal flag serves it without a mask.
+  // the kernel's own causal flag serves it without a mask. Each block's
+  // tile is materialised at most once: both uses below ask.
+  std::vector<std::int8_t> diagonal_known(static_cast<std::size_t>(q_blocks), -1);
   const auto causal_diagonal = [&](std::int64_t qb) {
+    std::int8_t& known = diagonal_known[static_cast<std::size_t>(qb)];
+    if (known >= 0) return known == 1;
     const std::int64_t q0 = qb * bq;
     const std::int64_t rows = std::min(bq, g.q_len - q0);
-    if (bq != bk || qb >= kv_blocks || !visible[qb][qb] || full[qb][qb] ||
-        rows != std::min(bk, g.kv_len - q0)) {
-      return false;
+    bool causal = bq == bk && qb < kv_blocks && visible[qb][qb] && !full[qb][qb] &&
+                  rows == std::min(bk, g.kv_len - q0);
+    if (causal) {
+      const at::Tensor keys = at::arange(q0, q0 + rows, at::TensorOptions().dtype(at::kLong));
+      const at::Tensor keep = materialize_tile(spec, g, q0, rows, keys);
+      causal = keep.size(0) == 1 && keep.size(1) == 1 &&
+               at::equal(keep.view({rows, rows}), at::ones({rows, rows}, keep.options()).tril());
     }
-    const at::Tensor keys = at::arange(q0, q0 + rows, at::TensorOptions().dtype(at::kLong));
-    const at::Tensor keep = materialize_tile(spec, g, q0, rows, keys);
-    if (keep.size(0) != 1 || keep.size(1) != 1) return false;
-    return at::equal(keep.view({rows, rows}), at::ones({rows, rows}, keep.options()).tril());
+    known = causal ? 1 : 0;
+    return causal;
   };
 
   // A mask that is plain top-left causal in disguise (a window or documents
@@ -413,13 +432,7 @@ void plan_batches(const AttentionSpec& spec, const MaskGeometry& g, std::int64_t
     causal_everywhere = causal_everywhere && causal_diagonal(qb);
   }
   if (causal_everywhere) {
-    FlashGroup group;
-    group.b0 = b0;
-    group.nb = g.batch;
-    group.rows = group.q_step = g.q_len;
-    group.len = group.k_step = g.kv_len;
-    group.causal = true;
-    groups.push_back(std::move(group));
+    groups.push_back(whole_causal_call(b0, g.batch, g));
     return;
   }
 
@@ -575,12 +588,7 @@ c10::intrusive_ptr<FlashPlan> make_plan(const at::Tensor& q, const at::Tensor& k
   if (spec.masks.size() == 1 && spec.masks[0].kind == MaskKind::causal &&
       query_offset(spec.masks[0].alignment, whole) == 0) {
     // Plain top-left causal: one call with the kernel's own causal mask.
-    FlashGroup g;
-    g.nb = batch;
-    g.rows = g.q_step = whole.q_len;
-    g.len = g.k_step = whole.kv_len;
-    g.causal = true;
-    plan->groups.push_back(std::move(g));
+    plan->groups.push_back(whole_causal_call(0, batch, whole));
     return plan;
   }
   if (positional(spec) || batch == 1) {

@@ -603,6 +603,9 @@ at::ScalarType accumulation_dtype(at::ScalarType input, const LinearCrossEntropy
   return input == at::kDouble ? at::kDouble : at::kFloat;
 }
 
+namespace {
+
+// The working-set budget of a call: config.budget_bytes, or the automatic one.
 std::int64_t budget_bytes(std::int64_t n_tokens, std::int64_t features, std::int64_t vocab,
                           at::ScalarType input, const LinearCrossEntropyConfig& config) {
   if (config.budget_bytes > 0) return config.budget_bytes;
@@ -615,6 +618,8 @@ std::int64_t budget_bytes(std::int64_t n_tokens, std::int64_t features, std::int
   constexpr double kMax = static_cast<double>(std::numeric_limits<std::int64_t>::max()) / 2;
   return std::max(kMinAutomaticBudgetBytes, static_cast<std::int64_t>(std::min(share, kMax)));
 }
+
+}  // namespace
 
 ChunkPlan plan_chunks(std::int64_t n_tokens, std::int64_t features, std::int64_t vocab,
                       at::ScalarType input, const LinearCrossEntropyConfig& config,

@@ -61,11 +61,6 @@ struct ChunkPlan {
 // The accumulation dtype a config resolves to for an input dtype.
 at::ScalarType accumulation_dtype(at::ScalarType input, const LinearCrossEntropyConfig& config);
 
-// The working-set budget of a call with `n_tokens` tokens of `features`
-// dimensions and `vocab` classes: config.budget_bytes, or the automatic one.
-std::int64_t budget_bytes(std::int64_t n_tokens, std::int64_t features, std::int64_t vocab,
-                          at::ScalarType input, const LinearCrossEntropyConfig& config);
-
 // The chunking of a call with `n_tokens` tokens of `features` dimensions and
 // `vocab` classes. An explicit chunk_size / vocab_chunk_size is kept
 // (clamped to N / V); with both automatic, whole rows are used when at least

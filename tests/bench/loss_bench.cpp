@@ -235,23 +235,23 @@ int main(int argc, char** argv) {
     for (size_t r = 0; r < x.seconds.size(); ++r) ratios.push_back(x.seconds[r] / y.seconds[r]);
     return median(ratios);
   };
-  const auto memory_ratios = [&] {
-    if (!sweep.empty()) {
-      const double naive = find("naive_fwd_bwd").peak_bytes;
-      std::printf("%-14s %10s %13s %11s %11s\n", "contender", "mem/naive", "beyond dX+dW",
-                  "time/naive", "time/GEMMs");
-      for (size_t k = 2; k < contenders.size(); ++k) {
-        const Contender& c = contenders[k];
-        std::printf("%-14s %10.4f %13.4f", c.name.c_str(), c.peak_bytes / naive,
-                    (c.peak_bytes - dx_dw) / (naive - dx_dw));
-        if (!c.seconds.empty()) {
-          std::printf(" %11.3f %11.3f", time_ratio(c.name.c_str(), "naive_fwd_bwd"),
-                      time_ratio(c.name.c_str(), "three_gemms"));
-        }
-        std::printf("\n");
+  // --sweep: one line per budget (contenders 2...), its time ratios once timed.
+  const auto sweep_table = [&] {
+    const double naive = find("naive_fwd_bwd").peak_bytes;
+    std::printf("%-14s %10s %13s %11s %11s\n", "contender", "mem/naive", "beyond dX+dW",
+                "time/naive", "time/GEMMs");
+    for (size_t k = 2; k < contenders.size(); ++k) {
+      const Contender& c = contenders[k];
+      std::printf("%-14s %10.4f %13.4f", c.name.c_str(), c.peak_bytes / naive,
+                  (c.peak_bytes - dx_dw) / (naive - dx_dw));
+      if (!c.seconds.empty()) {
+        std::printf(" %11.3f %11.3f", time_ratio(c.name.c_str(), "naive_fwd_bwd"),
+                    time_ratio(c.name.c_str(), "three_gemms"));
       }
-      return;
+      std::printf("\n");
     }
+  };
+  const auto memory_ratios = [&] {
     const double keel = contenders[1].peak_bytes;
     const double naive = contenders[0].peak_bytes;
     std::printf("  fwd+bwd peak memory      keel/naive       = %.4f  (target <= 0.10)\n",
@@ -261,7 +261,11 @@ int main(int argc, char** argv) {
         (keel - dx_dw) / (naive - dx_dw), (keel - dx_dw) / (1 << 20), (naive - dx_dw) / (1 << 20));
   };
   if (rounds == 0) {  // --rounds=0: memory only
-    memory_ratios();
+    if (sweep.empty()) {
+      memory_ratios();
+    } else {
+      sweep_table();
+    }
     return 0;
   }
   for (int r = 0; r < rounds; ++r) {
@@ -283,8 +287,11 @@ int main(int argc, char** argv) {
                 c.peak_bytes / (1 << 20));
   }
   std::printf("ratios (time: median of per-round ratios; memory: peak c10 bytes)\n");
+  if (!sweep.empty()) {
+    sweep_table();
+    return 0;
+  }
   memory_ratios();
-  if (!sweep.empty()) return 0;
   std::printf("  fwd+bwd time             keel/naive       = %.3f  (target <= 1.10)\n",
               time_ratio("keel_fwd_bwd", "naive_fwd_bwd"));
   std::printf("  no_grad forward time     keel/naive       = %.3f  (target <= 1.05)\n",

@@ -226,18 +226,18 @@ void write_to_dead_peer_after_create() {
   std::_Exit(written == -1 && errno == EPIPE ? 0 : 5);
 }
 
-void count_sigpipe(int /*signal*/) {}
+void application_sigpipe_handler(int /*signal*/) {}
 
 // Exits 0 when an application's own SIGPIPE handler survives create.
 void keep_application_sigpipe_handler() {
   struct sigaction handler {};
-  handler.sa_handler = count_sigpipe;
+  handler.sa_handler = application_sigpipe_handler;
   sigemptyset(&handler.sa_mask);
   ::sigaction(SIGPIPE, &handler, nullptr);
   if (!Communicator::create(single())) std::_Exit(3);
   struct sigaction now {};
   ::sigaction(SIGPIPE, nullptr, &now);
-  std::_Exit(now.sa_handler == count_sigpipe ? 0 : 6);
+  std::_Exit(now.sa_handler == application_sigpipe_handler ? 0 : 6);
 }
 
 // Each in a fresh process (gtest re-runs the binary for the test alone), so
