@@ -339,6 +339,9 @@ AttentionSpec batch_slice(const AttentionSpec& spec, std::int64_t b) {
   return out;
 }
 
+// The run index of a diagonal cut off its range: after every other run.
+constexpr std::int64_t kDiagonalRun = std::numeric_limits<std::int64_t>::max();
+
 // One contiguous range of visible keys of one query segment.
 struct Piece {
   std::int64_t q0 = 0;
@@ -477,15 +480,17 @@ void plan_batches(const AttentionSpec& spec, const MaskGeometry& g, std::int64_t
       for (std::size_t i = 0; i < runs.size(); ++i) pieces[pieces.size() - 1 - i].rows += rows;
       continue;
     }
-    // The diagonal goes first (run 0) in every query block, so that all of
-    // them are evenly spaced and batch into one call.
-    const std::int64_t first = cut ? 1 : 0;
+    // The diagonals go last (kDiagonalRun) in every query block, so that
+    // all of them are evenly spaced and batch into one call, which merges
+    // once into what the other ranges wrote (or into nothing, for the first
+    // block of a document: weight 0 on the empty part).
     if (cut) {
       Piece p;
       p.q0 = q0;
       p.rows = rows;
       p.k0 = q0;
       p.len = rows;
+      p.run = kDiagonalRun;
       p.causal = true;
       pieces.push_back(std::move(p));
     }
@@ -495,7 +500,7 @@ void plan_batches(const AttentionSpec& spec, const MaskGeometry& g, std::int64_t
       p.rows = rows;
       p.k0 = runs[i].kb0 * bk;
       p.len = std::min(g.kv_len, runs[i].kb1 * bk) - p.k0;
-      p.run = first + static_cast<std::int64_t>(i);
+      p.run = static_cast<std::int64_t>(i);
       p.shape = runs[i].partial ? 0 : -1;  // the mask's identity, resolved below
       pieces.push_back(std::move(p));
     }
@@ -572,7 +577,9 @@ void plan_batches(const AttentionSpec& spec, const MaskGeometry& g, std::int64_t
     group.causal = p.causal;
     group.mask = p.mask;
     group.nonempty = p.nonempty;
-    group.merge = p.run > 0;
+    // Rows an earlier run wrote merge; the diagonals merge unless nothing
+    // was written before them.
+    group.merge = p.run > 0 && (p.run != kDiagonalRun || pieces.front().run != kDiagonalRun);
     groups.push_back(std::move(group));
     last = &p;
   }
@@ -617,15 +624,15 @@ void run_plan_forward(const FlashPlan& plan, const at::Tensor& q, const at::Tens
       lv.copy_(l);
       continue;
     }
-    // softmax over the union of two key sets from each set's out and lse.
-    const at::Tensor m = at::maximum(lv, l);
-    const at::Tensor shift = at::where(m.isfinite(), m, at::zeros_like(m));
-    const at::Tensor w_old = (lv - shift).exp();
-    const at::Tensor w_new = (l - shift).exp();
-    const at::Tensor sum = w_old + w_new;
-    const at::Tensor safe = at::where(sum == 0, at::ones_like(sum), sum);
-    ov.copy_((ov * w_old.unsqueeze(-1) + o * w_new.unsqueeze(-1)) / safe.unsqueeze(-1));
-    lv.copy_(sum.log() + shift);
+    // The softmax over the union of two key sets, from each set's out and
+    // lse: weights exp(lse_part - lse_union), in place, two passes over the
+    // outputs. A row empty in both keeps lse -inf and out 0 (its weights,
+    // exp(nan), are zeroed).
+    const at::Tensor both = at::logaddexp(lv, l);
+    const at::Tensor w_old = (lv - both).exp_().nan_to_num_(0.0);
+    const at::Tensor w_new = (l - both).exp_().nan_to_num_(0.0);
+    ov.mul_(w_old.unsqueeze(-1)).addcmul_(o, w_new.unsqueeze(-1));
+    lv.copy_(both);
   }
 }
 
