@@ -19,10 +19,12 @@
 //       the resident memory once the inputs exist, the same measure the
 //       orchestrator takes of every Python contender ({"peak_bytes", "ms"}).
 //   keel_peer_bench comm --rank R --world N --port P --sizes a,b,.. --order keel|raw
+//                        [--pairs K]
 //       All-reduce of float32 tensors through keel::comm::Communicator and
-//       through a raw c10d::ProcessGroupGloo built by hand, both on loopback,
-//       alternated per size in the given order; rank 0 prints one JSON line
-//       per size with seconds per operation of each.
+//       through a raw c10d::ProcessGroupGloo built by hand, both on loopback:
+//       per size, K (8) pairs of short blocks, keel and raw in turn (ABBA,
+//       starting with --order); rank 0 prints one JSON line per size with
+//       the seconds per operation of each block of each contender.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -205,7 +207,7 @@ int loss_memory(std::int64_t n, std::int64_t d, std::int64_t v, std::int64_t bud
 }
 
 int comm(int rank, int world, int port, const std::vector<std::int64_t>& sizes,
-         const std::string& order) {
+         const std::string& order, int pairs) {
   auto made = keel::testing::keel_world(rank, world, port);
   if (!made) return 1;
   keel::comm::Communicator communicator = *made;
@@ -215,36 +217,46 @@ int comm(int rank, int world, int port, const std::vector<std::int64_t>& sizes,
   for (const std::int64_t bytes : sizes) {
     at::Tensor t = at::ones({bytes / 4});
     std::vector<at::Tensor> tensors{t};
-    // The same count the Python side uses: about 32 MiB moved, 2 to 200 ops.
-    const int iterations = static_cast<int>(
-        std::min<std::int64_t>(200, std::max<std::int64_t>(2, (32 << 20) / bytes)));
+    // Short blocks, keel and raw in turn (ABBA), so that the load of the
+    // moment falls on both members of a pair: about 4 MiB moved per block,
+    // 1 to 50 operations; `pairs` pairs in all.
+    const int iterations =
+        static_cast<int>(std::min<std::int64_t>(50, std::max<std::int64_t>(1, (4 << 20) / bytes)));
     const auto time_keel = [&] {
-      (void)communicator.barrier();
-      (void)communicator.all_reduce(t);  // warm-up
-      (void)communicator.barrier();
       const auto t0 = Clock::now();
       for (int i = 0; i < iterations; ++i) (void)communicator.all_reduce(t);
       return ms_since(t0) / 1e3 / iterations;
     };
     const auto time_raw = [&] {
-      raw->barrier()->wait();
-      raw->allreduce(tensors)->wait();
-      raw->barrier()->wait();
       const auto t0 = Clock::now();
       for (int i = 0; i < iterations; ++i) raw->allreduce(tensors)->wait();
       return ms_since(t0) / 1e3 / iterations;
     };
-    double keel_s = 0, raw_s = 0;
-    if (order == "keel") {
-      keel_s = time_keel();
-      raw_s = time_raw();
-    } else {
-      raw_s = time_raw();
-      keel_s = time_keel();
+    // Warm-up, then one barrier: the pairs run back to back.
+    (void)communicator.all_reduce(t);
+    raw->allreduce(tensors)->wait();
+    (void)communicator.barrier();
+    std::vector<double> keel_s(static_cast<std::size_t>(pairs));
+    std::vector<double> raw_s(static_cast<std::size_t>(pairs));
+    for (int p = 0; p < pairs; ++p) {
+      const auto i = static_cast<std::size_t>(p);
+      if ((p % 2 == 0) == (order == "keel")) {
+        keel_s[i] = time_keel();
+        raw_s[i] = time_raw();
+      } else {
+        raw_s[i] = time_raw();
+        keel_s[i] = time_keel();
+      }
     }
     if (rank == 0) {
-      std::printf("{\"bytes\": %lld, \"iterations\": %d, \"keel_s\": %.9f, \"raw_s\": %.9f}\n",
-                  static_cast<long long>(bytes), iterations, keel_s, raw_s);
+      const auto list = [](const std::vector<double>& v) {
+        std::string out;
+        for (const double x : v) out += (out.empty() ? "" : ", ") + std::to_string(x);
+        return out;
+      };
+      std::printf("{\"bytes\": %lld, \"iterations\": %d, \"keel_s\": [%s], \"raw_s\": [%s]}\n",
+                  static_cast<long long>(bytes), iterations, list(keel_s).c_str(),
+                  list(raw_s).c_str());
       std::fflush(stdout);
     }
   }
@@ -268,19 +280,21 @@ int main(int argc, char** argv) {
       int rank = -1, world = 0, port = 0;
       std::vector<std::int64_t> sizes;
       std::string order = "keel";
+      int pairs = 8;
       for (size_t i = 1; i + 1 < args.size(); i += 2) {
         if (args[i] == "--rank") rank = std::atoi(args[i + 1].c_str());
         if (args[i] == "--world") world = std::atoi(args[i + 1].c_str());
         if (args[i] == "--port") port = std::atoi(args[i + 1].c_str());
         if (args[i] == "--order") order = args[i + 1];
+        if (args[i] == "--pairs") pairs = std::atoi(args[i + 1].c_str());
         if (args[i] == "--sizes") {
           std::stringstream list(args[i + 1]);
           std::string item;
           while (std::getline(list, item, ',')) sizes.push_back(std::atoll(item.c_str()));
         }
       }
-      if (rank >= 0 && world >= 2 && port > 0 && !sizes.empty()) {
-        return comm(rank, world, port, sizes, order);
+      if (rank >= 0 && world >= 2 && port > 0 && !sizes.empty() && pairs > 0) {
+        return comm(rank, world, port, sizes, order, pairs);
       }
     }
   } catch (const std::exception& e) {
@@ -290,6 +304,6 @@ int main(int argc, char** argv) {
   std::fprintf(
       stderr,
       "usage: keel_peer_bench serve | loss-memory N D V [BUDGET] | comm --rank R --world N "
-      "--port P --sizes B,.. --order keel|raw\n");
+      "--port P --sizes B,.. --order keel|raw [--pairs K]\n");
   return 2;
 }

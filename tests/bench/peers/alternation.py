@@ -8,14 +8,18 @@ import statistics
 import subprocess
 import time
 
-# Contenders in two processes take turns on the same cores. With libgomp's
-# default wait policy, the threads of the process that just finished spin
-# on, and measurably slowed the other process's next call here (keel after
-# SDPA: 26-70 ms against 22-35 alone); passive waiting removes that, for
-# every contender alike. Set before torch is imported; the keel driver
-# process inherits it.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-PAUSE_S = 0.05  # between two contenders' turns, outside any timing
+# Contenders in two processes take turns on the same cores. Both run with
+# the OpenMP wait policy of the caller's environment, libgomp's default when
+# unset: what a service gets. OMP_WAIT_POLICY=PASSIVE, used before
+# 2026-12-03, puts every idle OpenMP thread to sleep at once, so each
+# parallel region pays a futex wake-up: that penalises a contender that
+# makes many kernel calls (keel's block-sparse route, the chunked losses)
+# against one that makes one (Flex): keel on documents at L=8192 float32
+# took 150 ms (116-204) under PASSIVE and 100 ms (89-131) under the default,
+# in the same process. Under the default, a call right after the other
+# process's (SDPA, then a pause) measured within 10% of the call alone
+# (documents at L=8192: median 100 ms against 92), inside the noise.
+PAUSE_S = 0.2  # between two contenders' turns, outside any timing
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 DEFAULT_KEEL_BENCH = os.path.join(REPO, "build", "torch-2.13", "tests", "keel_peer_bench")
@@ -81,7 +85,7 @@ def machine(torch=None):
                     break
     except OSError:
         pass
-    info["OMP_WAIT_POLICY"] = os.environ.get("OMP_WAIT_POLICY")
+    info["OMP_WAIT_POLICY"] = os.environ.get("OMP_WAIT_POLICY", "unset (libgomp default)")
     if torch is not None:
         info["torch"] = torch.__version__
         info["torch_threads"] = torch.get_num_threads()

@@ -7,12 +7,16 @@ loopback, in one run.
     $KEEL_DEPS_DIR/peers-venv/bin/peers-python tests/bench/peers/comm_peers.py \
         --out docs/peers-comm.json [--worlds 2,4] [--rounds 5]
 
-Every round launches the C++ ranks (keel_peer_bench comm: keel and raw
-c10d alternated per size, which first alternating from round to round) and
-the Python ranks, in an order rotated from round to round. Each contender
-does one warm-up all_reduce and then about 32 MiB of traffic (2 to 200
-operations) per size and round. Bus bandwidth is nccl-tests' definition,
-S / t * 2 (n - 1) / n; reported are medians over rounds and medians of
+Every round launches the C++ ranks (keel_peer_bench comm) and the Python
+ranks, in an order rotated from round to round. Per size, the C++ ranks run
+--pairs pairs of short blocks (about 4 MiB moved per block, 1 to 50
+operations), keel and raw c10d in turn (ABBA; which first alternates from
+round to round), so that each pair shares the load of its moment; the
+Python ranks run one warm-up all_reduce and then about 32 MiB of traffic (2
+to 200 operations). Bus bandwidth is nccl-tests' definition,
+S / t * 2 (n - 1) / n. Reported: medians over rounds (a round's keel or raw
+time is the median of its blocks); keel / raw is the median of the ratios
+of all pairs of all rounds, keel / torch.distributed the median of
 per-round ratios.
 """
 import argparse
@@ -81,6 +85,7 @@ def main():
     ap.add_argument("--keel", default=DEFAULT_KEEL_BENCH)
     ap.add_argument("--worlds", default="2,4")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--pairs", type=int, default=8)
     ap.add_argument("--worker", action="store_true")
     ap.add_argument("--rank", type=int)
     ap.add_argument("--world", type=int)
@@ -96,17 +101,20 @@ def main():
     result = {"machine": machine(torch), "command": " ".join(sys.argv), "worlds": []}
     for world in (int(w) for w in args.worlds.split(",")):
         times = {s: {"keel": [], "raw_c10d": [], "torch_distributed": []} for s in sizes}
+        pair_ratios = {s: [] for s in sizes}  # raw time / keel time: keel / raw bus bandwidth
         loads = []
 
-        def run_cpp(r, world=world, times=times):
+        def run_cpp(r, world=world, times=times, pair_ratios=pair_ratios):
             port = free_port()
             order = "keel" if r % 2 == 0 else "raw"
             lines = launch([[args.keel, "comm", "--rank", str(i), "--world", str(world),
-                             "--port", str(port), "--sizes", args.sizes, "--order", order]
+                             "--port", str(port), "--sizes", args.sizes, "--order", order,
+                             "--pairs", str(args.pairs)]
                             for i in range(world)])
             for x in lines:
-                times[x["bytes"]]["keel"].append(x["keel_s"])
-                times[x["bytes"]]["raw_c10d"].append(x["raw_s"])
+                times[x["bytes"]]["keel"].append(median(x["keel_s"]))
+                times[x["bytes"]]["raw_c10d"].append(median(x["raw_s"]))
+                pair_ratios[x["bytes"]] += [raw / keel for keel, raw in zip(x["keel_s"], x["raw_s"])]
 
         def run_python(r, world=world, times=times):
             port = free_port()
@@ -130,16 +138,18 @@ def main():
             row = {"bytes": s, "rounds": len(t["keel"]),
                    "median_us": {n: median(v) * 1e6 for n, v in t.items()},
                    "median_bus_GBps": {n: median(v) for n, v in bus.items()},
-                   "keel/raw_c10d bus bandwidth": median_ratio(bus["keel"], bus["raw_c10d"]),
+                   "keel/raw_c10d bus bandwidth": median(pair_ratios[s]),
+                   "pairs": len(pair_ratios[s]),
                    "keel/torch_distributed bus bandwidth": median_ratio(bus["keel"], bus["torch_distributed"]),
-                   "seconds": t}
+                   "seconds": t, "keel/raw_c10d per pair": pair_ratios[s]}
             rows.append(row)
             print(f"  {world} ranks {s:>9d} B  keel {row['median_us']['keel']:10.1f} us  "
                   f"raw {row['median_us']['raw_c10d']:10.1f} us  "
                   f"torch.distributed {row['median_us']['torch_distributed']:10.1f} us  "
                   f"keel/raw {row['keel/raw_c10d bus bandwidth']:.3f}  "
                   f"keel/td {row['keel/torch_distributed bus bandwidth']:.3f}", flush=True)
-        result["worlds"].append({"world": world, "rounds": args.rounds, "load_averages": loads,
+        result["worlds"].append({"world": world, "rounds": args.rounds, "pairs": args.pairs,
+                                 "load_averages": loads,
                                  "rows": rows})
         if args.out:
             write_json(args.out, result)

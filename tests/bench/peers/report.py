@@ -4,10 +4,8 @@ docs/benchmarks.md ("Side by side with the peers").
 
     python3 tests/bench/peers/report.py docs/
 """
-import glob
 import json
 import os
-import statistics
 import sys
 
 MASKS = ["causal", "window256", "window1024", "documents"]
@@ -79,49 +77,32 @@ def loss(data):
         print()
 
 
-def comm(data, earlier=()):
-    """earlier: other runs (docs/peers-comm-run*.json), pooled with this one
-    in the last columns: medians of every per-round ratio of all runs."""
-    for k, w in enumerate(data["worlds"]):
+def comm(data):
+    for w in data["worlds"]:
         loads = [x[0] for x in w["load_averages"]]
-        print(f"{w['world']} ranks, {w['rounds']} rounds, load {min(loads):.1f}–{max(loads):.1f}\n")
-        others = [e["worlds"][k] for e in earlier if len(e["worlds"]) > k
-                  and e["worlds"][k]["world"] == w["world"]]
-        pooled_rounds = w["rounds"] + sum(o["rounds"] for o in others)
+        print(f"{w['world']} ranks, {w['rounds']} rounds of {w['pairs']} pairs, "
+              f"load {min(loads):.1f}–{max(loads):.1f}\n")
         print("| bytes | keel µs | raw c10d µs | torch.distributed µs | keel GB/s | raw GB/s | "
-              "td GB/s | **keel / raw** | keel / td |"
-              + (f" keel / raw, {pooled_rounds} rounds of {1 + len(others)} runs | keel / td, pooled |"
-                 if others else ""))
-        print("|---|---|---|---|---|---|---|---|---|" + ("---|---|" if others else ""))
-        for i, r in enumerate(w["rows"]):
+              "td GB/s | **keel / raw** (pairs) | keel / td |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for r in w["rows"]:
             u, b = r["median_us"], r["median_bus_GBps"]
-            pooled = ""
-            if others:
-                rows = [r] + [o["rows"][i] for o in others]
-                raw = [x / y for row in rows for y, x in zip(row["seconds"]["keel"], row["seconds"]["raw_c10d"])]
-                td = [x / y for row in rows
-                      for y, x in zip(row["seconds"]["keel"], row["seconds"]["torch_distributed"])]
-                pooled = f" {statistics.median(raw):.3f} | {statistics.median(td):.3f} |"
             print(f"| {r['bytes']} | {u['keel']:.0f} | {u['raw_c10d']:.0f} | {u['torch_distributed']:.0f} | "
                   f"{b['keel']:.3f} | {b['raw_c10d']:.3f} | {b['torch_distributed']:.3f} | "
-                  f"**{r['keel/raw_c10d bus bandwidth']:.3f}** | "
-                  f"{r['keel/torch_distributed bus bandwidth']:.3f} |" + pooled)
+                  f"**{r['keel/raw_c10d bus bandwidth']:.3f}** ({r['pairs']}) | "
+                  f"{r['keel/torch_distributed bus bandwidth']:.3f} |")
         print()
 
 
 def main():
     directory = sys.argv[1] if len(sys.argv) > 1 else "docs"
-    for name, show in (("attention", attention), ("attention-8192-bwd", attention), ("loss", loss),
+    for name, show in (("attention", attention), ("attention-8192-bwd", attention),
+                       ("attention-sparse", attention), ("loss", loss),
                        ("comm", comm)):
         data = load(directory, name)
         if data is not None:
             print(f"### {name}\n")
-            if name == "comm":
-                earlier = [json.load(open(p)) for p in
-                           sorted(glob.glob(os.path.join(directory, "peers-comm-run*.json")))]
-                comm(data, earlier)
-            else:
-                show(data)
+            show(data)
     return 0
 
 
