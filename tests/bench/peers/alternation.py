@@ -2,8 +2,10 @@
 (keel_peer_bench serve), the rotated order of contenders within a round,
 medians, per-round ratios, and the machine's description."""
 import json
+import math
 import os
 import platform
+import random
 import statistics
 import subprocess
 import time
@@ -61,6 +63,17 @@ def rotated(items, round_index):
 
 def median(values):
     return statistics.median(values) if values else float("nan")
+
+
+def median_ci95(values, resamples=2000):
+    """A bootstrap 95% interval of the median (fixed seed: reproducible)."""
+    rng = random.Random(0)
+    medians = sorted(median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
+
+
+def geometric_mean(values):
+    return math.exp(sum(math.log(x) for x in values) / len(values))
 
 
 def median_ratio(a, b):

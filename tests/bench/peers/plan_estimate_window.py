@@ -15,7 +15,6 @@ loses):
     peers-python tests/bench/peers/plan_estimate_window.py L W dtype [R] [split]
 """
 import os, sys, time, statistics
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
 flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 L, W = int(sys.argv[1]), int(sys.argv[2])

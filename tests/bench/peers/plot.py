@@ -52,11 +52,13 @@ def attention(data, out):
 
 def loss(data, out):
     sizes = data["sizes"]
-    names = [n for n in ["keel", "keel128m", "pt_chunked", "pt_reference", "naive"]
+    names = [n for n in ["keel", "keel8m", "keel128m", "pt_chunked", "pt_reference", "naive"]
              if any(n in s["memory"] for s in sizes)]
-    labels = {"keel": "keel\n(default)", "keel128m": "keel\n(128 MiB)", "pt_chunked": "PT 2.13 LCE\nchunked",
+    labels = {"keel": "keel\n(default)", "keel8m": "keel\n(8 MiB)", "keel128m": "keel\n(128 MiB)",
+              "pt_chunked": "PT 2.13 LCE\nchunked",
               "pt_reference": "PT 2.13 LCE\nreference", "naive": "naive"}
-    colors = {"keel": "C0", "keel128m": "C9", "pt_chunked": "C1", "pt_reference": "C3", "naive": "C7"}
+    colors = {"keel": "C0", "keel8m": "C2", "keel128m": "C9", "pt_chunked": "C1", "pt_reference": "C3",
+              "naive": "C7"}
     fig, axes = plt.subplots(len(sizes), 2, figsize=(10, 3.3 * len(sizes)), squeeze=False)
     for row, s in zip(axes, sizes):
         xs = range(len(names))

@@ -8,6 +8,8 @@ import json
 import os
 import sys
 
+from alternation import geometric_mean, median, median_ci95
+
 MASKS = ["causal", "window256", "window1024", "documents"]
 
 
@@ -48,8 +50,8 @@ def attention(data):
 
 
 def loss(data):
-    names = ["keel", "keel128m", "pt_chunked", "pt_reference", "naive"]
-    mine = ["keel", "keel128m"]
+    names = ["keel", "keel8m", "keel128m", "pt_chunked", "pt_reference", "naive"]
+    mine = ["keel", "keel128m"]  # ratio columns; keel8m (the former default) is a row
     for s in data["sizes"]:
         print(f"N={s['N']} D={s['D']} V={s['V']}, rounds "
               f"{len(next(iter(s.get('ms', {'x': []}).values())))}, load at start "
@@ -67,7 +69,7 @@ def loss(data):
             cold = s["memory"].get(n, {}).get("ms")
             cells = []
             for m in present:
-                if n in mine:
+                if n.startswith("keel"):
                     cells += ["–", "–"]
                 else:
                     cells += [fmt(s.get("ratios", {}).get(f"{m}/{n} time")),
@@ -83,21 +85,27 @@ def comm(data):
         print(f"{w['world']} ranks, {w['rounds']} rounds of {w['pairs']} pairs, "
               f"load {min(loads):.1f}–{max(loads):.1f}\n")
         print("| bytes | keel µs | raw c10d µs | torch.distributed µs | keel GB/s | raw GB/s | "
-              "td GB/s | **keel / raw** (pairs) | keel / td |")
-        print("|---|---|---|---|---|---|---|---|---|")
+              "td GB/s | **keel / raw** | 95% interval | keel / td |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        pooled = []
         for r in w["rows"]:
             u, b = r["median_us"], r["median_bus_GBps"]
+            pairs = r["keel/raw_c10d per pair"]
+            pooled += pairs
+            low, high = median_ci95(pairs)
             print(f"| {r['bytes']} | {u['keel']:.0f} | {u['raw_c10d']:.0f} | {u['torch_distributed']:.0f} | "
                   f"{b['keel']:.3f} | {b['raw_c10d']:.3f} | {b['torch_distributed']:.3f} | "
-                  f"**{r['keel/raw_c10d bus bandwidth']:.3f}** ({r['pairs']}) | "
+                  f"**{r['keel/raw_c10d bus bandwidth']:.3f}** | {low:.3f}-{high:.3f} | "
                   f"{r['keel/torch_distributed bus bandwidth']:.3f} |")
-        print()
+        low, high = median_ci95(pooled)
+        print(f"\nEvery size, {len(pooled)} pairs: keel / raw median **{median(pooled):.3f}** "
+              f"(95% interval {low:.3f}-{high:.3f}), geometric mean {geometric_mean(pooled):.3f}.\n")
 
 
 def main():
     directory = sys.argv[1] if len(sys.argv) > 1 else "docs"
     for name, show in (("attention", attention), ("attention-8192-bwd", attention),
-                       ("attention-sparse", attention), ("loss", loss),
+                       ("attention-close", attention), ("loss", loss),
                        ("comm", comm)):
         data = load(directory, name)
         if data is not None:
