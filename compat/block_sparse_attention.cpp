@@ -577,9 +577,9 @@ void plan_batches(const AttentionSpec& spec, const MaskGeometry& g, std::int64_t
     group.causal = p.causal;
     group.mask = p.mask;
     group.nonempty = p.nonempty;
-    // Rows an earlier run wrote merge; the diagonals merge unless nothing
-    // was written before them.
-    group.merge = p.run > 0 && (p.run != kDiagonalRun || pieces.front().run != kDiagonalRun);
+    // Every run after the first present merges into what came before
+    // (rows no earlier run wrote hold out 0 and lse -inf: weight 0).
+    group.merge = p.run > pieces.front().run;
     groups.push_back(std::move(group));
     last = &p;
   }

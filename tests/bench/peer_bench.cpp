@@ -252,7 +252,11 @@ int comm(int rank, int world, int port, const std::vector<std::int64_t>& sizes,
     if (rank == 0) {
       const auto list = [](const std::vector<double>& v) {
         std::string out;
-        for (const double x : v) out += (out.empty() ? "" : ", ") + std::to_string(x);
+        char number[32];
+        for (const double x : v) {
+          std::snprintf(number, sizeof number, "%.9f", x);
+          out += (out.empty() ? "" : ", ") + std::string(number);
+        }
         return out;
       };
       std::printf("{\"bytes\": %lld, \"iterations\": %d, \"keel_s\": [%s], \"raw_s\": [%s]}\n",

@@ -29,8 +29,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from alternation import (DEFAULT_KEEL_BENCH, geometric_mean, machine, median, median_ci95,  # noqa: E402
-                         median_ratio, rotated, write_json)
+from alternation import DEFAULT_KEEL_BENCH, machine, median, median_ratio, rotated, write_json  # noqa: E402
 
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 TIMEOUT_S = 600
@@ -149,11 +148,6 @@ def main():
                   f"torch.distributed {row['median_us']['torch_distributed']:10.1f} us  "
                   f"keel/raw {row['keel/raw_c10d bus bandwidth']:.3f}  "
                   f"keel/td {row['keel/torch_distributed bus bandwidth']:.3f}", flush=True)
-        pooled = [x for s in sizes for x in pair_ratios[s]]
-        low, high = median_ci95(pooled)
-        print(f"  {world} ranks, every size: keel/raw median {median(pooled):.3f} "
-              f"(95% {low:.3f}-{high:.3f}), geometric mean {geometric_mean(pooled):.3f} "
-              f"over {len(pooled)} pairs", flush=True)
         result["worlds"].append({"world": world, "rounds": args.rounds, "pairs": args.pairs,
                                  "load_averages": loads,
                                  "rows": rows})
