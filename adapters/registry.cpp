@@ -1,10 +1,10 @@
 // The adapters this build compiled, compat first. CMake compiles
-// adapters/torch_2_13 only against libtorch >= 2.13 and then defines
+// adapters/native only against libtorch >= 2.13 and then defines
 // KEEL_HAS_NATIVE_ADAPTER on this file.
 #include "dispatch/registry.h"
-#include "torch_2_9/compat_adapter.h"
+#include "compat/compat_adapter.h"
 #ifdef KEEL_HAS_NATIVE_ADAPTER
-#include "torch_2_13/native_adapter.h"
+#include "native/native_adapter.h"
 #endif
 
 namespace keel::internal {

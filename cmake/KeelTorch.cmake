@@ -9,8 +9,22 @@
 #      KeelCuda.cmake); KEEL_TORCH_ROOT, KEEL_TORCH_VERSION,
 #      KEEL_TORCH_VERSION_MAJOR/_MINOR.
 
-set(KEEL_SUPPORTED_TORCH "2.9.1 and 2.13.0 (any 2.9 <= version; native paths from 2.13)")
-set(KEEL_TORCH_RELEASE "2.13.0" CACHE STRING "libtorch release to use from KEEL_DEPS_DIR")
+# The supported releases: cmake/torch-releases.txt, the only list (installed
+# beside this file). KEEL_SUPPORTED_TORCH_RELEASES holds them oldest first.
+file(STRINGS "${CMAKE_CURRENT_LIST_DIR}/torch-releases.txt" _keel_release_lines REGEX "^[0-9]")
+set(KEEL_SUPPORTED_TORCH_RELEASES "")
+foreach(_line IN LISTS _keel_release_lines)
+  string(REGEX MATCH "^[0-9.]+" _line "${_line}")
+  list(APPEND KEEL_SUPPORTED_TORCH_RELEASES "${_line}")
+endforeach()
+list(GET KEEL_SUPPORTED_TORCH_RELEASES 0 KEEL_TORCH_GOLDEN_RELEASE)
+list(GET KEEL_SUPPORTED_TORCH_RELEASES -1 KEEL_TORCH_NEWEST_RELEASE)
+list(JOIN KEEL_SUPPORTED_TORCH_RELEASES ", " KEEL_SUPPORTED_TORCH)
+set(KEEL_TORCH_RELEASE "${KEEL_TORCH_NEWEST_RELEASE}" CACHE STRING
+  "libtorch release to use from KEEL_DEPS_DIR (one of cmake/torch-releases.txt)")
+if(NOT KEEL_TORCH_RELEASE)
+  set(KEEL_TORCH_RELEASE "${KEEL_TORCH_NEWEST_RELEASE}" CACHE STRING "" FORCE)
+endif()
 if(DEFINED ENV{KEEL_DEPS_DIR})
   set(_keel_default_deps "$ENV{KEEL_DEPS_DIR}")
 else()
@@ -53,9 +67,27 @@ foreach(_part MAJOR MINOR PATCH)
   set(KEEL_TORCH_VERSION_${_part} "${CMAKE_MATCH_1}")
 endforeach()
 set(KEEL_TORCH_VERSION "${KEEL_TORCH_VERSION_MAJOR}.${KEEL_TORCH_VERSION_MINOR}.${KEEL_TORCH_VERSION_PATCH}")
-if(KEEL_TORCH_VERSION VERSION_LESS 2.9)
+# Supported means the same major.minor as a listed release; tested means the
+# very release. Older than the oldest is refused; newer than the newest
+# configures, with a warning that nobody has run keel's suites on it.
+string(REGEX MATCH "^[0-9]+\\.[0-9]+" _keel_minor "${KEEL_TORCH_VERSION}")
+string(REGEX MATCH "^[0-9]+\\.[0-9]+" _keel_oldest_minor "${KEEL_TORCH_GOLDEN_RELEASE}")
+if(_keel_minor VERSION_LESS _keel_oldest_minor)
   message(FATAL_ERROR "keel: libtorch ${KEEL_TORCH_VERSION} at '${KEEL_TORCH_DIR}' is too old. "
     ${_keel_fetch_hint})
+endif()
+set(KEEL_TORCH_SUPPORT "untested")
+foreach(_r IN LISTS KEEL_SUPPORTED_TORCH_RELEASES)
+  if(_r VERSION_EQUAL KEEL_TORCH_VERSION)
+    set(KEEL_TORCH_SUPPORT "tested")
+  elseif(KEEL_TORCH_SUPPORT STREQUAL "untested" AND _r MATCHES "^${_keel_minor}\\.")
+    set(KEEL_TORCH_SUPPORT "supported")
+  endif()
+endforeach()
+if(KEEL_TORCH_SUPPORT STREQUAL "untested")
+  message(WARNING "keel: libtorch ${KEEL_TORCH_VERSION} is untested: keel's suites have run on "
+    "${KEEL_SUPPORTED_TORCH} (cmake/torch-releases.txt). Run 'scripts/matrix.sh "
+    "${KEEL_TORCH_VERSION}' to build and test keel on it, and add it to the list once it passes.")
 endif()
 set(KEEL_TORCH_ROOT "${KEEL_TORCH_DIR}")
 message(STATUS "keel: libtorch ${KEEL_TORCH_VERSION} at ${KEEL_TORCH_ROOT}")

@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
 # Installs everything keel needs on a fresh Debian 12 machine, idempotently:
-# Debian packages (only those missing) and libtorch 2.9.1 and 2.13.0 unpacked
-# from the torch wheels. A second run downloads nothing.
+# Debian packages (only those missing) and libtorch releases unpacked from
+# the torch wheels. A second run downloads nothing.
 #
-#   scripts/fetch-deps.sh            # both releases
-#   scripts/fetch-deps.sh 2.13.0     # one release
+#   scripts/fetch-deps.sh            # the releases CI builds (cmake/torch-releases.txt:
+#                                    # the first, those tagged ci, the last)
+#   scripts/fetch-deps.sh all        # every supported release
+#   scripts/fetch-deps.sh 2.13.0     # the given releases (any torch on PyPI)
 #
 # KEEL_DEPS_DIR (default ~/.cache/keel) holds the wheels and the unpacked
 # libtorch trees: outside the checkout, so clean clones on one machine share it.
 set -euo pipefail
 
 deps_dir=${KEEL_DEPS_DIR:-$HOME/.cache/keel}
+# shellcheck source=releases.sh
+source "$(dirname "$0")/releases.sh"
 releases=("$@")
-[ ${#releases[@]} -gt 0 ] || releases=(2.9.1 2.13.0)
+if [ ${#releases[@]} -eq 0 ]; then
+  releases=("$keel_golden" "${keel_ci_extra[@]}" "$keel_newest")
+elif [ "${releases[*]}" = all ]; then
+  releases=("${keel_releases[@]}")
+fi
 
 debian_packages=(
   build-essential cmake ninja-build ccache unzip

@@ -27,14 +27,16 @@
 #     machine whose CMake is older than 3.25.
 # Doxygen is not needed: the docs test is not run here.
 #
-# --dry-run builds against libtorch 2.13.0 from scripts/fetch-deps.sh
-# (~/.cache/keel/libtorch-2.13.0, a CUDA build) with the machine's CUDA
-# toolkit, in build/torch-2.13-cuda (the CI preset's tree, so it is
-# incremental), checks the Python side parses, merges the JSON, and reports
+# --dry-run builds against the newest supported libtorch from
+# scripts/fetch-deps.sh (~/.cache/keel/libtorch-<newest>, a CUDA build) with
+# the machine's CUDA toolkit, in build/torch-<newest>-cuda (the CI preset's
+# tree, so it is incremental), checks the Python side parses, merges the JSON, and reports
 # that no GPU is present. It exits 0 when all of that worked.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+# shellcheck source=releases.sh
+source scripts/releases.sh
 
 mode=run
 out=${OUT:-$root/build/gpu-check}
@@ -187,9 +189,9 @@ EOF
   torch_dir=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("dir", ""))' "$torch_json")
 fi
 if [ "$mode" = dry-run ]; then
-  torch_dir=${torch_dir:-${KEEL_DEPS_DIR:-$HOME/.cache/keel}/libtorch-2.13.0}
+  torch_dir=${torch_dir:-${KEEL_DEPS_DIR:-$HOME/.cache/keel}/libtorch-$keel_newest}
   echo "{\"dir\": \"$torch_dir\", \"note\": \"dry run: libtorch from scripts/fetch-deps.sh, not python3's torch\"}" > "$torch_json"
-  build=${build:-$root/build/torch-2.13-cuda}
+  build=${build:-$root/build/torch-$keel_newest-cuda}
 fi
 build=${build:-$out/build}
 gpu_present=0

@@ -1,38 +1,85 @@
 #!/usr/bin/env bash
 # keel's test command (README, .ci/run): installs what is missing, then
-# configures, builds and tests keel against libtorch 2.9.1 and 2.13.0, and
-# builds the CUDA configuration.
+# builds and tests keel on the releases of cmake/torch-releases.txt that add
+# coverage, and prints each release's test totals.
 #
-# libtorch 2.9.1 is tested in the sanitizer build (clang, ASan + UBSan on
-# keel's code): every unit, conformance, distributed and keel-compat test,
-# the fuzz targets' regression inputs and a one-minute campaign per target.
-# libtorch 2.13.0 is tested in the release build (g++), which also checks
-# libkeel's ABI against abi/. One build per release keeps CI near half an
-# hour on two cores.
+#   the first (golden) release   sanitizer build (clang, ASan + UBSan): every unit,
+#                                conformance, distributed and keel-compat test, the
+#                                fuzz targets' regressions and a short campaign each
+#   the newest release           release build (g++): every test, the ABI check, lint
+#   releases tagged "ci"         release build: the conformance suites of every
+#                                adapter, gloo's layout and the package test
+#   the newest release, CUDA     built, not run (no GPU here; scripts/gpu-check.sh)
+#   across releases              the golden recorded on the first release and compared
+#                                on each other one with each adapter
+#
+# Every release, in full: scripts/matrix.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=releases.sh
+source scripts/releases.sh
 scripts/fetch-deps.sh
-for preset in torch-2.9-sanitize torch-2.13; do
-  echo "keel: ===== $preset ====="
-  cmake --workflow --preset "$preset"
+start=$(date +%s)
+summary=()
+
+# ctest's closing "N tests failed out of M", as "P passed, F failed".
+totals() {
+  sed -n 's/.*tests passed, \([0-9]*\) tests\? failed out of \([0-9]*\).*/\2 \1/p' "$1" | tail -n1 |
+    awk '{printf "%d passed, %d failed", $1 - $2, $2}'
+}
+# run_suite LABEL PRESET RELEASE [ctest args...]: configure, build, test; the totals go in the summary.
+run_suite() {
+  local label=$1 preset=$2 release=$3 log status
+  shift 3
+  echo "keel: ===== $label: libtorch $release ($preset) ====="
+  export KEEL_TORCH_RELEASE=$release
+  cmake --preset "$preset" >/dev/null
+  cmake --build --preset "$preset"
+  log=$(mktemp)
+  status=0
+  ctest --preset "$preset" "$@" 2>&1 | tee "$log" || status=$?
+  summary+=("$(printf '%-8s %-9s %-28s %s' "$release" "$preset" "$label" "$(totals "$log")")")
+  rm -f "$log"
+  return $status
+}
+build_dir() { if [ "$2" = release ]; then echo "build/torch-$1"; else echo "build/torch-$1-$2"; fi; }
+
+run_suite "every test" sanitize "$keel_golden"
+run_suite "every test" release "$keel_newest"
+for r in "${keel_ci_extra[@]}"; do
+  run_suite "conformance, gloo, package" release "$r" -R 'Conformance|GlooLayout|^package\.'
 done
+
 # The CUDA configuration is built, not run: CI has no GPU (scripts/gpu-check.sh
 # runs it where there is one). The library, keel-compat and the GPU bench;
 # the test binary's sources are all compiled by the CPU builds.
-echo "keel: ===== torch-2.13-cuda (build only) ====="
-cmake --workflow --preset torch-2.13-cuda
-# The upgrade check across releases: record on 2.9.1, compare on 2.13.0
-# with each adapter; any case out of tolerance fails CI. The recording runs
-# in the sanitizer build, under the same sanitizer settings as its tests.
+echo "keel: ===== CUDA build (not run): libtorch $keel_newest ====="
+KEEL_TORCH_RELEASE=$keel_newest cmake --workflow --preset cuda
+summary+=("$(printf '%-8s %-9s %-28s %s' "$keel_newest" cuda "library and tools" "built")")
+
+# The upgrade check across releases: record on the golden release, compare on
+# every other release CI built, with each adapter; any case out of tolerance
+# fails CI. The recording runs in the sanitizer build, under its settings.
+golden=build/upgrade-check/golden-$keel_golden.safetensors
 mkdir -p build/upgrade-check
-export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
-export LSAN_OPTIONS=suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressions=0
-export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=$PWD/tests/sanitizers/ubsan.supp
-build/torch-2.9-sanitize/keel-compat record --out build/upgrade-check/golden-2.9.1.safetensors
-unset ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS
-for backend in compat native; do
-  build/torch-2.13/keel-compat compare --golden build/upgrade-check/golden-2.9.1.safetensors \
-    --backend "$backend" --repeat 2 --json "build/upgrade-check/compare-$backend.json"
+(
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+  export LSAN_OPTIONS=suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressions=0
+  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=$PWD/tests/sanitizers/ubsan.supp
+  "$(build_dir "$keel_golden" sanitize)/keel-compat" record --out "$golden"
+)
+for r in "${keel_ci_extra[@]}" "$keel_newest"; do
+  for adapter in compat native; do
+    "$(build_dir "$r" release)/keel-compat" compare --golden "$golden" --backend "$adapter" \
+      --repeat 2 --json "build/upgrade-check/compare-$r-$adapter.json"
+    summary+=("$(printf '%-8s %-9s %-28s %s' "$r" "$adapter" "compare with $keel_golden" \
+      "$(python3 -c 'import json,sys; c=json.load(open(sys.argv[1]))["cases"]; n=lambda s: sum(x["status"]==s for x in c); print(n("pass"), "of", len(c), "cases pass,", n("skipped"), "skipped (declined)")' \
+        "build/upgrade-check/compare-$r-$adapter.json")")")
+  done
 done
-scripts/lint.sh build/torch-2.13
-echo "keel: all tests passed on libtorch 2.9.1 (sanitized) and 2.13.0"
+scripts/lint.sh "$(build_dir "$keel_newest" release)"
+
+echo
+echo "keel: test totals per release ($(( ($(date +%s) - start) / 60 )) min)"
+printf '  %s\n' "${summary[@]}"
+echo "keel: all tests passed"

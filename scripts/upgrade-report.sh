@@ -1,30 +1,84 @@
 #!/usr/bin/env bash
 # keel's main job (README): the upgrade story from a fresh machine. Builds
-# keel on libtorch 2.9.1 and 2.13.0, records the canonical suite on 2.9.1,
-# compares it on 2.13.0 with both adapters, and prints the summary and the
-# path of the HTML report. Exit status 1 if any case moved out of tolerance.
+# keel on each release named, records the canonical suite on the --from
+# release, replays it on every --to release with each adapter that release
+# has, and prints one summary row per pair and the paths of the HTML reports.
+#
+#   scripts/upgrade-report.sh                          # first supported -> the "ci"
+#                                                      # releases and the newest
+#   scripts/upgrade-report.sh --from 2.13.0 --to 2.15.0
+#   scripts/upgrade-report.sh --from 2.9.1 --to 2.12.1 --to 2.14.1
+#
+# Releases come from cmake/torch-releases.txt; any other torch on PyPI works
+# too (configure warns that it is untested). Exit status 1 if any case moved
+# out of tolerance, 2 on bad usage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/fetch-deps.sh
-for preset in torch-2.9 torch-2.13; do
-  cmake --preset "$preset" >/dev/null
-  cmake --build --preset "$preset" --target keel-info keel-compat
+# shellcheck source=releases.sh
+source scripts/releases.sh
+
+usage() {
+  echo "usage: scripts/upgrade-report.sh [--from RELEASE] [--to RELEASE]..." >&2
+  exit 2
+}
+from=$keel_golden
+to=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --from) [ $# -ge 2 ] || usage; from=$2; shift 2 ;;
+    --to) [ $# -ge 2 ] || usage; to+=("$2"); shift 2 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    *) usage ;;
+  esac
 done
+[ ${#to[@]} -gt 0 ] || to=("${keel_ci_extra[@]}" "$keel_newest")
+for r in "$from" "${to[@]}"; do
+  [[ $r =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || { echo "keel: '$r' is not a release like 2.13.0" >&2; usage; }
+done
+
+mapfile -t all < <(printf '%s\n' "$from" "${to[@]}" | awk '!seen[$0]++')
+scripts/fetch-deps.sh "${all[@]}"
+for r in "${all[@]}"; do
+  KEEL_TORCH_RELEASE=$r cmake --preset release >/dev/null
+  cmake --build "build/torch-$r" --target keel-info keel-compat
+done
+
 out=build/upgrade-report
 mkdir -p "$out"
-for preset in torch-2.9 torch-2.13; do
+for r in "${all[@]}"; do
   echo
-  "build/$preset/keel-info"
+  "build/torch-$r/keel-info"
 done
 echo
-build/torch-2.9/keel-compat record --out "$out/golden-2.9.1.safetensors"
+golden=$out/golden-$from.safetensors
+"build/torch-$from/keel-compat" record --out "$golden"
+
 status=0
-for backend in compat native; do
-  echo
-  build/torch-2.13/keel-compat compare --golden "$out/golden-2.9.1.safetensors" \
-    --backend "$backend" --repeat 3 \
-    --json "$out/compare-2.13.0-$backend.json" --html "$out/compare-2.13.0-$backend.html" || status=1
+rows=()
+for r in "${to[@]}"; do
+  for adapter in compat native; do
+    "build/torch-$r/keel-info" --json | grep -q "\"name\": \"$adapter\"" || continue
+    echo
+    echo "keel: ===== $from -> $r, $adapter adapter ====="
+    base=$out/compare-$from-to-$r-$adapter
+    "build/torch-$r/keel-compat" compare --golden "$golden" --backend "$adapter" --repeat 3 \
+      --json "$base.json" --html "$base.html" || status=1
+    rows+=("$(python3 - "$base.json" "$from" "$r" "$adapter" "$base.html" <<'PY'
+import json, sys
+path, a, b, adapter, html = sys.argv[1:]
+cases = json.load(open(path))["cases"]
+count = lambda s: sum(c["status"] == s for c in cases)
+served = sum(c["adapter"]["now"] == adapter for c in cases)
+bad = len(cases) - count("pass") - count("skipped")
+print(f"{a:>7} -> {b:<7} {adapter:<7} {len(cases):>5} {count('pass'):>5} {count('skipped'):>7} {bad:>5}"
+      f" {served:>7}   {html}")
+PY
+)")
+  done
 done
+
 echo
-echo "keel: upgrade report 2.9.1 -> 2.13.0: $PWD/$out/compare-2.13.0-compat.html and $PWD/$out/compare-2.13.0-native.html"
+echo "keel: upgrade report, one row per pair (cases recorded on $from; skipped: the adapter declines the case, with its reason in the report; served: cases the adapter ran itself)"
+printf '%7s    %-7s %-7s %5s %5s %7s %5s %7s   %s\n' from to adapter cases pass skipped fail served report
+printf '%s\n' "${rows[@]}"
 exit $status

@@ -1,8 +1,12 @@
 // The facts CMake knows about this build (KEEL_BUILD_TORCH_VERSION,
-// KEEL_BUILD_CUDA, KEEL_BUILD_COMPILER, KEEL_BUILD_TYPE) arrive as
+// KEEL_BUILD_CUDA, KEEL_BUILD_COMPILER, KEEL_BUILD_TYPE,
+// KEEL_BUILD_CXX_STANDARD, KEEL_BUILD_SUPPORTED_TORCH, a space-separated
+// list, and KEEL_BUILD_TORCH_SUPPORT) arrive as
 // definitions on this one file (see CMakeLists.txt), so that no public
 // header depends on them.
 #include "keel/v1/build_info.h"
+
+#include <sstream>
 
 #include "dispatch/registry.h"
 #include "keel/version.h"
@@ -22,6 +26,10 @@ const BuildInfo& build_info() {
     b.cuda = KEEL_BUILD_CUDA != 0;
     b.compiler = KEEL_BUILD_COMPILER;
     b.build_type = KEEL_BUILD_TYPE;
+    b.cxx_standard = KEEL_BUILD_CXX_STANDARD;
+    std::istringstream releases(KEEL_BUILD_SUPPORTED_TORCH);
+    for (std::string r; releases >> r;) b.supported_torch.push_back(r);
+    b.torch_support = KEEL_BUILD_TORCH_SUPPORT;
     for (const auto& adapter : internal::Registry::builtin().adapters()) {
       b.adapters.push_back(adapter->info());
     }

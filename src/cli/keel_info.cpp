@@ -34,6 +34,9 @@ nlohmann::json to_json(const keel::BuildInfo& info) {
   }
   return {{"keel_version", info.keel_version},
           {"torch_version", info.torch_version},
+          {"torch_support", info.torch_support},
+          {"supported_torch", info.supported_torch},
+          {"cxx_standard", info.cxx_standard},
           {"cuda", info.cuda},
           {"compiler", info.compiler},
           {"build_type", info.build_type},
@@ -42,7 +45,9 @@ nlohmann::json to_json(const keel::BuildInfo& info) {
 
 void print_text(const keel::BuildInfo& info) {
   std::cout << "keel " << info.keel_version << "\n"
-            << "  torch:    " << info.torch_version << "\n"
+            << "  torch:    " << info.torch_version << " (" << info.torch_support << ")\n"
+            << "  c++:      C++" << info.cxx_standard << "\n"
+            << "  supports: torch " << absl::StrJoin(info.supported_torch, ", ") << "\n"
             << "  cuda:     " << (info.cuda ? "yes" : "no") << "\n"
             << "  compiler: " << info.compiler << " (" << info.build_type << ")\n"
             << "  adapters: ";

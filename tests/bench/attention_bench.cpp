@@ -2,7 +2,7 @@
 // with the equivalent dense mask, on the CPU in float32, one thread. Prints, after the
 // table, the ratios of medians measured in this one run. Interleave the
 // contenders' repetitions, so that a neighbour's load falls on both:
-//   build/torch-2.13/tests/keel_attention_bench --benchmark_enable_random_interleaving=true
+//   build/torch-2.15.0/tests/keel_attention_bench --benchmark_enable_random_interleaving=true
 #include <cstdint>
 #include <cstdio>
 #include <map>

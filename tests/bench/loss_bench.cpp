@@ -2,7 +2,7 @@
 // at::cross_entropy_loss, on CPU in float32: forward+backward time, forward
 // time under no_grad, the three GEMMs of the same shapes alone, and the peak
 // memory of one forward+backward. Built, not run by ctest:
-//   build/torch-2.13/tests/keel_loss_bench [--size=ci|large|small] [--rounds=R]
+//   build/torch-2.15.0/tests/keel_loss_bench [--size=ci|large|small] [--rounds=R]
 //                                          [--budget=BYTES] [--only=CONTENDER]
 //                                          [--sweep=MIB,MIB,...]
 //

@@ -460,14 +460,20 @@ class ThreadCountGuard {
   int saved_;
 };
 
-TEST_P(LinearCrossEntropyConformance, ResultsAreBitwiseIndependentOfTheThreadCount) {
+TEST_P(LinearCrossEntropyConformance, ResultsAreBitwiseRepeatableAtEachThreadCount) {
   // Large enough that ATen splits its elementwise ops and reductions across
   // threads (blocks of more than 32768 elements), for whole rows, vocabulary
   // blocks, one-token chunks (a single-row reduction over V > 32768) and
   // reduction none; plus a per-token sum over more than 32768 tokens.
-  // The GEMMs are the BLAS library's: with a tiny D or V (a few dozen) and a
-  // long inner dimension it splits that dimension across threads and rounds
-  // differently with 1 and 2 threads, so D and V here are not tiny.
+  // At a given thread count every run is bitwise the same. Across thread
+  // counts keel's own reductions are ordered, but the gradient GEMMs are the
+  // BLAS library's: MKL splits a long inner dimension (the vocabulary for
+  // grad_hidden, the tokens for grad_weight) across threads when the output
+  // is small beside it, and rounds differently with 1 and 2 threads (seen on
+  // an AVX-512 machine for inner dimensions >= 1024, any output row count;
+  // an ATen parallel region does not make it sequential either). So across
+  // thread counts the results agree to float32 rounding of those sums:
+  // 1e-5 of the largest entry, about 10 float32 epsilons times log2(V).
   struct Plan {
     const char* name;
     Reduction reduction;
@@ -501,12 +507,16 @@ TEST_P(LinearCrossEntropyConformance, ResultsAreBitwiseIndependentOfTheThreadCou
       return out;
     };
     const variable_list one = run(1);
+    const variable_list one_again = run(1);
     const variable_list two = run(2);
+    const variable_list two_again = run(2);
     ASSERT_EQ(one.size(), two.size());
     for (size_t i = 0; i < one.size(); ++i) {
       SCOPED_TRACE(i);
-      EXPECT_TRUE(at::equal(one[i], two[i]))
-          << "max abs difference " << (one[i] - two[i]).abs().max().item<double>();
+      EXPECT_TRUE(at::equal(one[i], one_again[i]));
+      EXPECT_TRUE(at::equal(two[i], two_again[i]));
+      const double scale = std::max(one[i].abs().max().item<double>(), 1e-30);
+      EXPECT_LE((one[i] - two[i]).abs().max().item<double>() / scale, 1e-5);
     }
   }
 }

@@ -1,5 +1,6 @@
 # Installs this build into a scratch prefix, then configures, builds and
-# runs tests/package/consumer against it with -std=c++17, as a user would.
+# runs tests/package/consumer against it, as a user would: it asks for C++17
+# and must get KEEL_EXPECT_CXX (the standard keel was built as) from keel::keel.
 file(REMOVE_RECURSE "${KEEL_WORK_DIR}")
 function(run step)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
@@ -17,6 +18,7 @@ if(ccache)
 endif()
 run(configure ${CMAKE_COMMAND} -S "${KEEL_SOURCE_DIR}/tests/package/consumer"
   -B "${KEEL_WORK_DIR}/build" -G "${KEEL_GENERATOR}"
-  "-DCMAKE_PREFIX_PATH=${KEEL_WORK_DIR}/prefix" -DCMAKE_BUILD_TYPE=Release ${launcher})
+  "-DCMAKE_PREFIX_PATH=${KEEL_WORK_DIR}/prefix" -DCMAKE_BUILD_TYPE=Release
+  "-DKEEL_EXPECT_CXX=${KEEL_EXPECT_CXX}" ${launcher})
 run(build ${CMAKE_COMMAND} --build "${KEEL_WORK_DIR}/build")
 run(run "${KEEL_WORK_DIR}/build/consumer" "${KEEL_EXPECT_TORCH}")

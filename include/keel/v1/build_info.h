@@ -58,6 +58,16 @@ struct BuildInfo {
   std::string build_type;
   /// The adapters compiled in, compat first.
   std::vector<AdapterInfo> adapters;
+  /// The C++ standard keel and its consumers compile as (17 or 20): the
+  /// oldest that this libtorch's headers accept (20 from libtorch 2.14).
+  int cxx_standard = 0;
+  /// Every libtorch release keel supports, oldest first, as listed in
+  /// `cmake/torch-releases.txt` when this keel was built.
+  std::vector<std::string> supported_torch;
+  /// How `torch_version` relates to that list: "tested" (listed),
+  /// "supported" (a patch release of a listed minor) or "untested" (newer
+  /// than every listed release; `scripts/matrix.sh` tests it).
+  std::string torch_support;
 };
 
 /// keel's version, "MAJOR.MINOR.PATCH", of the library loaded.

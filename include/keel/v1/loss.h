@@ -44,7 +44,9 @@
 /// - `class_weights` and `target` get no gradient.
 /// - Results depend (within rounding) on the chunk sizes, since grad_weight
 ///   is summed chunk by chunk and the log-sum-exp block by block; for given
-///   chunk sizes they are bitwise reproducible, whatever the thread count.
+///   chunk sizes and thread count they are bitwise reproducible. Across
+///   thread counts they agree to float32 rounding, not bitwise: the BLAS may
+///   split a gradient GEMM's long inner dimension across threads (MKL does).
 ///   The automatic plan differs between a call that wants a gradient and
 ///   one that does not, so their losses may differ in the last bits.
 #pragma once

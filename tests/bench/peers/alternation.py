@@ -24,7 +24,7 @@ import time
 PAUSE_S = 0.2  # between two contenders' turns, outside any timing
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-DEFAULT_KEEL_BENCH = os.path.join(REPO, "build", "torch-2.13", "tests", "keel_peer_bench")
+DEFAULT_KEEL_BENCH = os.path.join(REPO, "build", "torch-2.15.0", "tests", "keel_peer_bench")
 
 
 class KeelServer:

@@ -8,7 +8,7 @@
 For every mask (causal, causal sliding window 256 and 1024, causal document
 masking with the document lengths of tests/bench/gpu_bench.cpp), length and
 dtype, B=1, H=--heads, E=64, forward:
-  keel  keel::attention through build/torch-2.13/tests/keel_peer_bench serve
+  keel  keel::attention through build/torch-2.15.0/tests/keel_peer_bench serve
   flex  torch.compile(flex_attention, dynamic=False) with create_block_mask
   sdpa  F.scaled_dot_product_attention: is_causal=True for causal, else the
         equivalent dense boolean mask

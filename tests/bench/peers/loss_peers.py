@@ -9,7 +9,7 @@ CPU, forward+backward: time and peak memory, in one run.
 Contenders (hidden [N, D] and weight [V, D] require grad, target [N] int64,
 reduction mean):
   keel          keel::linear_cross_entropy (auto dispatch: keel's chunked
-                kernel), through build/torch-2.13/tests/keel_peer_bench, default
+                kernel), through build/torch-2.15.0/tests/keel_peer_bench, default
                 options (the automatic working-set budget: an eighth of the
                 gradients, at least 8 MiB; docs/peers-loss*.json were taken
                 when the default was 8 MiB, as keel8m would be today)

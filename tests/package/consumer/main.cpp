@@ -6,7 +6,14 @@
 #include <ATen/ATen.h>
 #include <keel/keel.h>
 
-static_assert(__cplusplus == 201703L, "the consumer test builds as C++17");
+// The standard keel::keel gave this consumer, which asked for C++17.
+#if KEEL_EXPECT_CXX == 17
+static_assert(__cplusplus == 201703L, "keel built as C++17 gives its consumers C++17");
+#elif KEEL_EXPECT_CXX == 20
+static_assert(__cplusplus == 202002L, "keel built as C++20 gives its consumers C++20");
+#else
+#error "KEEL_EXPECT_CXX must be 17 or 20"
+#endif
 
 int main(int argc, char** argv) {
   if (argc != 2) {
@@ -35,7 +42,12 @@ int main(int argc, char** argv) {
     std::cerr << "consumer: an int64 input was not rejected\n";
     return 1;
   }
-  std::cout << "consumer: keel " << keel::version() << " on torch " << info.torch_version << " via "
+  if (info.cxx_standard != KEEL_EXPECT_CXX) {
+    std::cerr << "consumer: keel says C++" << info.cxx_standard << "\n";
+    return 1;
+  }
+  std::cout << "consumer: built as C++" << KEEL_EXPECT_CXX << " (__cplusplus " << __cplusplus
+            << "), keel " << keel::version() << " on torch " << info.torch_version << " via "
             << r.value().dispatch.adapter << "\n";
   return 0;
 }

@@ -4,8 +4,8 @@
 
 #include "dispatch/logsumexp.h"
 #include "masked_logsumexp.h"
-#include "torch_2_9/comm.h"
-#include "torch_2_9/linear_cross_entropy.h"
+#include "compat/comm.h"
+#include "compat/linear_cross_entropy.h"
 
 namespace keel::adapters {
 namespace {
@@ -38,7 +38,7 @@ class CompatAdapter final : public internal::Adapter {
     info.capabilities.push_back(std::move(lse));
     info.capabilities.push_back(CompatLinearCrossEntropy::info());
     info.capabilities.push_back(attention_capability());
-    info.capabilities.push_back(comm_capability(false));
+    info.capabilities.push_back(comm_capability(compat_comm_implementation()));
     return info;
   }
 

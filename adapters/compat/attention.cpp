@@ -12,18 +12,8 @@ namespace keel::adapters {
 
 namespace {
 
-class CompatAttention final : public internal::AttentionKernel {
- public:
-  internal::Support supports(const internal::AttentionCall& /*call*/) const override {
-    return internal::Support::yes();
-  }
-  internal::AttentionResult run(const internal::AttentionCall& call) const override {
-    return compat_attention_route(call);
-  }
-};
-
-}  // namespace
-
+// Dense calls SDPA computes exactly go to at::scaled_dot_product_attention;
+// the rest to compat::block_sparse_attention. `path` says which, and why.
 internal::AttentionResult compat_attention_route(const internal::AttentionCall& call) {
   // Both routes allocate on q's device: make it the current one (a no-op on
   // the CPU), as ATen's own ops do.
@@ -48,6 +38,18 @@ internal::AttentionResult compat_attention_route(const internal::AttentionCall& 
                         refusal, " (fraction of scores computed: ", b.visible_fraction, ")");
   return r;
 }
+
+class CompatAttention final : public internal::AttentionKernel {
+ public:
+  internal::Support supports(const internal::AttentionCall& /*call*/) const override {
+    return internal::Support::yes();
+  }
+  internal::AttentionResult run(const internal::AttentionCall& call) const override {
+    return compat_attention_route(call);
+  }
+};
+
+}  // namespace
 
 CapabilityInfo attention_capability() {
   CapabilityInfo c;

@@ -1,4 +1,4 @@
-#include "torch_2_9/comm.h"
+#include "compat/comm.h"
 
 #include <utility>
 
@@ -100,7 +100,12 @@ const internal::CommKernel& compat_comm_kernel() {
   return kernel;
 }
 
-CapabilityInfo comm_capability(bool native) {
+const char* compat_comm_implementation() {
+  return "c10d::Backend with the names 2.9 has (_allgather_base, _reduce_scatter_base, "
+         "alltoall_base)";
+}
+
+CapabilityInfo comm_capability(std::string implementation) {
   CapabilityInfo c;
   c.operation = "comm";
   c.dtypes = {"float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64"};
@@ -119,11 +124,7 @@ CapabilityInfo comm_capability(bool native) {
                 "heartbeat liveness",
                 "flight recorder",
                 "checked mode"};
-  c.implementation =
-      native ? "c10d ProcessGroup with 2.13's names (all_gather_single, reduce_scatter_single, "
-               "all_to_all_single); the rest on c10d::Backend"
-             : "c10d::Backend with the names 2.9 has (_allgather_base, _reduce_scatter_base, "
-               "alltoall_base)";
+  c.implementation = std::move(implementation);
   return c;
 }
 

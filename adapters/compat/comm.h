@@ -1,9 +1,11 @@
-// The compat communicator: c10d's Backend API, whose collective names are
-// the same in 2.9 and 2.13 (`_allgather_base`, `_reduce_scatter_base`,
-// `alltoall_base`; see docs/torch-api-matrix.md §3.2).
+// The compat communicator: c10d's Backend API with the collective names
+// every supported release has (`_allgather_base`, `_reduce_scatter_base`,
+// `alltoall_base`; from 2.14 forwarding aliases of the canonical `*_single`
+// names; see docs/torch-api-matrix.md §3).
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "dispatch/comm.h"
 #include "keel/v1/build_info.h"
@@ -34,6 +36,10 @@ class BackendEngine : public internal::CommEngine {
 };
 
 const internal::CommKernel& compat_comm_kernel();
-CapabilityInfo comm_capability(bool native);
+// What compat_comm_kernel() calls, in a sentence, for keel-info.
+const char* compat_comm_implementation();
+// The collectives keel::comm serves, on the devices this build has; each
+// adapter names its own `implementation`.
+CapabilityInfo comm_capability(std::string implementation);
 
 }  // namespace keel::adapters

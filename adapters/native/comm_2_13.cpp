@@ -1,11 +1,19 @@
-#include "torch_2_13/comm.h"
+// The native communicator on libtorch 2.13 (see comm.h): the three
+// collectives 2.13 renamed live on c10d::ProcessGroup only.
+#include "native/comm.h"
 
 #include <utility>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/headeronly/version.h>
 
 #include "comm/backends.h"
-#include "torch_2_9/comm.h"
+#include "compat/comm.h"
+
+// 2.14 moved the canonical names onto c10d::Backend: comm_2_14.cpp.
+#if TORCH_VERSION_MAJOR != 2 || TORCH_VERSION_MINOR != 13
+#error "adapters/native/comm_2_13.cpp is for libtorch 2.13 (ProcessGroup::*_single); 2.14+ builds comm_2_14.cpp"
+#endif
 
 namespace keel::adapters {
 namespace {
@@ -66,6 +74,11 @@ class NativeComm final : public internal::CommKernel {
 const internal::CommKernel& native_comm_kernel() {
   static const NativeComm kernel;
   return kernel;
+}
+
+const char* native_comm_implementation() {
+  return "c10d::ProcessGroup with 2.13's names (all_gather_single, reduce_scatter_single, "
+         "all_to_all_single); the rest on c10d::Backend";
 }
 
 }  // namespace keel::adapters

@@ -9,14 +9,13 @@
 #include "dispatch/linear_cross_entropy.h"
 #include "dispatch/logsumexp.h"
 #include "masked_logsumexp.h"
-#include "torch_2_13/comm.h"
-#include "torch_2_9/attention.h"
-#include "torch_2_9/comm.h"
+#include "native/comm.h"
+#include "compat/comm.h"
 
 // torch/headeronly/version.h is new in 2.13 (the macros moved there); CMake
 // compiles this adapter only for >= 2.13, and this says so where it matters.
 #if TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 13)
-#error "adapters/torch_2_13 needs libtorch 2.13 or later"
+#error "adapters/native needs libtorch 2.13 or later"
 #endif
 
 namespace keel::adapters {
@@ -75,7 +74,8 @@ class NativeAdapter final : public internal::Adapter {
     info.name = "native";
     info.description = "paths libtorch " + std::to_string(TORCH_VERSION_MAJOR) + "." +
                        std::to_string(TORCH_VERSION_MINOR) +
-                       " offers in C++ (docs/torch-api-matrix.md); the rest is served by compat";
+                       " offers in C++ (docs/torch-api-matrix.md): logsumexp and comm here; "
+                       "attention and linear_cross_entropy decline, so auto runs compat";
     CapabilityInfo lse;
     lse.operation = "logsumexp";
     lse.dtypes = {"float16", "bfloat16", "float32", "float64"};
@@ -88,12 +88,11 @@ class NativeAdapter final : public internal::Adapter {
     lce.operation = "linear_cross_entropy";
     lce.implementation = std::string("none: ") + kNoNativeLinearCrossEntropy;
     info.capabilities.push_back(std::move(lce));
-    CapabilityInfo attention = attention_capability();
-    attention.implementation =
-        "the compat route (2.13 adds no C++ attention path: no FlexAttention or varlen ATen op): " +
-        attention.implementation;
+    CapabilityInfo attention;
+    attention.operation = "attention";
+    attention.implementation = std::string("none: ") + native_attention_refusal();
     info.capabilities.push_back(std::move(attention));
-    info.capabilities.push_back(comm_capability(true));
+    info.capabilities.push_back(comm_capability(native_comm_implementation()));
     return info;
   }
 

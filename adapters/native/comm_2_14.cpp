@@ -1,0 +1,73 @@
+// The native communicator from libtorch 2.14 on (see comm.h): c10d::Backend
+// has the canonical collective names itself (all_gather_single,
+// reduce_scatter_single, all_to_all_single; include/torch/csrc/distributed/
+// c10d/Backend.hpp), and the names 2.9 has became forwarding aliases of
+// them. No ProcessGroup wrapper is needed.
+#include "native/comm.h"
+
+#include <utility>
+
+#include <torch/headeronly/version.h>
+
+#include "comm/backends.h"
+#include "compat/comm.h"
+
+// 2.13 has these names on c10d::ProcessGroup only: comm_2_13.cpp.
+#if TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 14)
+#error "adapters/native/comm_2_14.cpp needs libtorch 2.14 (c10d::Backend::*_single); 2.13 builds comm_2_13.cpp"
+#endif
+
+namespace keel::adapters {
+namespace {
+
+class CanonicalBackendEngine final : public BackendEngine {
+ public:
+  using BackendEngine::BackendEngine;
+
+  WorkPtr all_gather(at::Tensor& output, at::Tensor& input, Millis timeout) override {
+    c10d::AllgatherOptions opts;
+    opts.timeout = timeout;
+    return backend_->all_gather_single(output, input, opts);
+  }
+
+  WorkPtr reduce_scatter(at::Tensor& output, at::Tensor& input, c10d::ReduceOp op,
+                         Millis timeout) override {
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = std::move(op);
+    opts.timeout = timeout;
+    return backend_->reduce_scatter_single(output, input, opts);
+  }
+
+  WorkPtr all_to_all(at::Tensor& output, at::Tensor& input, std::vector<std::int64_t> output_splits,
+                     std::vector<std::int64_t> input_splits, Millis timeout) override {
+    c10d::AllToAllOptions opts;
+    opts.timeout = timeout;
+    return backend_->all_to_all_single(output, input, output_splits, input_splits, opts);
+  }
+};
+
+class NativeComm final : public internal::CommKernel {
+ public:
+  internal::Support supports(const internal::CommCall& call) const override {
+    return internal::backend_available(call.backend);
+  }
+  std::unique_ptr<internal::CommEngine> wrap(c10::intrusive_ptr<c10d::Backend> backend,
+                                             c10::intrusive_ptr<c10d::Store> /*store*/,
+                                             int /*rank*/, int /*size*/) const override {
+    return std::make_unique<CanonicalBackendEngine>(std::move(backend));
+  }
+};
+
+}  // namespace
+
+const internal::CommKernel& native_comm_kernel() {
+  static const NativeComm kernel;
+  return kernel;
+}
+
+const char* native_comm_implementation() {
+  return "c10d::Backend with the canonical names of 2.14 (all_gather_single, "
+         "reduce_scatter_single, all_to_all_single); the rest with the names 2.9 has";
+}
+
+}  // namespace keel::adapters

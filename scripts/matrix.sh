@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# Builds and tests keel on libtorch releases, one after the other, and prints
+# a table release x (C++ standard, configure, build, tests, compare against
+# the golden release's recording with each adapter).
+#
+#   scripts/matrix.sh                 every supported release (cmake/torch-releases.txt);
+#                                     the table also goes to docs/releases.md
+#   scripts/matrix.sh 2.14.1 2.15.0   the given releases (any torch on PyPI)
+#   scripts/matrix.sh --newest        the newest torch the package registry offers:
+#                                     a new release, tried before users hit it
+#
+# Each release is the release preset (g++, every ctest test, soak rounds
+# from KEEL_SOAK_ROUNDS, default 10 here) in build/torch-<release>. The golden
+# (the first supported release) is recorded once, in its own build, and every
+# release is compared against it with each adapter it has. A release that
+# fails a step is reported and the next one runs. Exit status 1 if any did.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=releases.sh
+source scripts/releases.sh
+export KEEL_SOAK_ROUNDS=${KEEL_SOAK_ROUNDS:-10}
+
+releases=("$@")
+write_docs=0
+if [ ${#releases[@]} -eq 0 ]; then
+  releases=("${keel_releases[@]}")
+  write_docs=1
+elif [ "${releases[*]}" = --newest ]; then
+  newest=$(python3 -m pip index versions torch 2>/dev/null | sed -n 's/^torch (\(.*\))$/\1/p')
+  [ -n "$newest" ] || { echo "keel matrix: the package registry did not answer" >&2; exit 2; }
+  echo "keel matrix: the newest torch on the registry is $newest (newest supported: $keel_newest)"
+  releases=("$newest")
+fi
+
+out=build/matrix
+mkdir -p "$out"
+golden=$out/golden-$keel_golden.safetensors
+rows=()
+failed=0
+
+# step NAME LOG COMMAND...: runs COMMAND with its output in LOG; prints ok or the log's tail.
+step() {
+  local name=$1 log=$2
+  shift 2
+  if "$@" >"$log" 2>&1; then
+    return 0
+  fi
+  echo "keel matrix: $name failed; the end of $log:" >&2
+  tail -n 30 "$log" >&2
+  return 1
+}
+
+record_golden() {
+  [ -f "$golden" ] && return 0
+  local b=build/torch-$keel_golden
+  scripts/fetch-deps.sh "$keel_golden" >/dev/null &&
+    KEEL_TORCH_RELEASE=$keel_golden cmake --preset release >/dev/null &&
+    cmake --build "$b" --target keel-compat >/dev/null &&
+    "$b/keel-compat" record --out "$golden" >/dev/null
+}
+
+compare_cell() {
+  local exe=$1 adapter=$2 json=$3
+  if ! "$(dirname "$exe")/keel-info" --json | grep -q "\"name\": \"$adapter\""; then
+    echo "-"
+    return 0
+  fi
+  "$exe" compare --golden "$golden" --backend "$adapter" --repeat 2 --json "$json" >/dev/null 2>&1
+  local rc=$?
+  if [ ! -f "$json" ]; then echo "error ($rc)"; return 1; fi
+  python3 - "$json" "$rc" <<'PY'
+import json, sys
+cases = json.load(open(sys.argv[1]))["cases"]
+bad = [c for c in cases if c["status"] not in ("pass", "skipped")]
+skipped = sum(c["status"] == "skipped" for c in cases)
+print(f"{len(cases) - len(bad) - skipped}/{len(cases)}" + (f" + {skipped} declined" if skipped else "")
+      + ("" if not bad else " (failing: " + ", ".join(c["id"] for c in bad[:3]) + ")"))
+PY
+  return "$rc"
+}
+
+for r in "${releases[@]}"; do
+  t0=$(date +%s)
+  b=build/torch-$r
+  log=$out/$r
+  mkdir -p "$log"
+  std="?" cfg="-" bld="-" tests="-" cmp_compat="-" cmp_native="-"
+  echo "keel matrix: ===== libtorch $r ====="
+  if ! step fetch "$log/fetch.log" scripts/fetch-deps.sh "$r"; then
+    cfg="no wheel"
+  elif ! KEEL_TORCH_RELEASE=$r step configure "$log/configure.log" cmake --preset release; then
+    cfg="failed"
+  else
+    cfg="ok"
+    warn=$(grep -c "is untested" "$log/configure.log" || true)
+    [ "$warn" -gt 0 ] && cfg="ok (untested)"
+    std=$(sed -n 's/^KEEL_CXX_STANDARD:STRING=//p' "$b/CMakeCache.txt")
+    if ! step build "$log/build.log" cmake --build "$b"; then
+      bld="failed"
+    else
+      bld="ok"
+      (cd "$b" && ctest --output-on-failure -j 2 --timeout 900) >"$log/ctest.log" 2>&1
+      tests=$(sed -n 's/.*tests passed, \([0-9]*\) tests\? failed out of \([0-9]*\).*/\2 \1/p' "$log/ctest.log" |
+        awk '{printf "%d passed, %d failed", $1 - $2, $2}')
+      [ -n "$tests" ] || tests="did not finish"
+      if record_golden; then
+        cmp_compat=$(compare_cell "$b/keel-compat" compat "$log/compare-compat.json") || true
+        cmp_native=$(compare_cell "$b/keel-compat" native "$log/compare-native.json") || true
+      else
+        cmp_compat="no golden"
+      fi
+    fi
+  fi
+  minutes=$(( ($(date +%s) - t0 + 30) / 60 ))
+  row="| $r | C++$std | $cfg | $bld | $tests | $cmp_compat | $cmp_native | $minutes |"
+  case "$row" in *"| ok | ok | "*" 0 failed | "*) ;; *) failed=1 ;; esac
+  case "$cmp_compat$cmp_native" in *failing*|*error*|*golden*) failed=1 ;; esac
+  rows+=("$row")
+  echo "$row"
+done
+
+{
+  echo "| release | standard | configure | build | tests (ctest) | compare, compat adapter | compare, native adapter | minutes |"
+  echo "|---|---|---|---|---|---|---|---|"
+  printf '%s\n' "${rows[@]}"
+} >"$out/table.md"
+
+echo
+cat "$out/table.md"
+if [ $write_docs -eq 1 ]; then
+  {
+    cat <<EOF
+# keel on every supported libtorch release
+
+Written by \`scripts/matrix.sh\` (every release of \`cmake/torch-releases.txt\`,
+one after the other) on $(date -u '+%Y-%m-%d %H:%M UTC'), keel commit
+\`$(git rev-parse --short HEAD)\`$(git diff --quiet HEAD || echo ' with uncommitted changes'), on
+$(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(. /etc/os-release && echo "$PRETTY_NAME"), $(c++ --version | head -n1).
+Each release: the \`release\` preset (g++, every ctest test, the soak at
+$KEEL_SOAK_ROUNDS rounds); "compare" replays the golden recorded on
+$keel_golden in that release's keel-compat with each adapter (cases passing
+or explained by a documented per-case tolerance / all cases; "-" where the
+build has no such adapter). Logs: \`build/matrix/<release>/\`.
+
+EOF
+    cat "$out/table.md"
+  } >docs/releases.md
+  echo "keel matrix: wrote docs/releases.md"
+fi
+exit $failed
