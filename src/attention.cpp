@@ -1,6 +1,7 @@
 // keel::attention: validation, then dispatch.
 #include "keel/v1/attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <exception>
 #include <string>
@@ -240,9 +241,18 @@ result<void> check_mask(const Mask& m, std::size_t index, const Dims& d, const a
       return check_index_tensor((at + ".kv_document_ids").c_str(), m.kv_document_ids,
                                 {d.batch, d.kv_len}, "one document id per key token", q);
     }
-    case MaskKind::key_padding:
-      return check_index_tensor((at + ".kv_lengths").c_str(), m.kv_lengths, {d.batch},
-                                "valid keys per batch", q);
+    case MaskKind::key_padding: {
+      result<void> r = check_index_tensor((at + ".kv_lengths").c_str(), m.kv_lengths, {d.batch},
+                                          "valid keys per batch", q);
+      if (!r || m.kv_lengths.numel() == 0) return r;
+      const std::int64_t lo = m.kv_lengths.min().item<std::int64_t>();
+      const std::int64_t hi = m.kv_lengths.max().item<std::int64_t>();
+      if (lo < 0 || hi > d.kv_len) {
+        return invalid(absl::StrCat(at, ".kv_lengths holds values in [", lo, ", ", hi,
+                                    "]; expected each in [0, Lk = ", d.kv_len, "]"));
+      }
+      return r;
+    }
     case MaskKind::block:
       return check_block_mask(at, m.block, d, q);
     case MaskKind::tensor: {
@@ -353,6 +363,23 @@ result<double> validate(const at::Tensor& q, const at::Tensor& k, const at::Tens
   return spec.scale > 0 ? spec.scale : 1.0 / std::sqrt(static_cast<double>(d.head_dim));
 }
 
+// The spec with every position integer saturated where a larger value means
+// nothing more, so that the kernels' position arithmetic cannot overflow: a
+// window wider than Lq + Lk on a side sees every key there (a query sits at a
+// position in [-Lq, Lk), a key in [0, Lk)), and a chunk longer than Lq + Lk
+// holds every non-negative position. `Mask::sliding_window(INT64_MAX,
+// INT64_MAX)` thus sees every key, as it says.
+AttentionSpec saturated(const AttentionSpec& spec, std::int64_t q_len, std::int64_t kv_len) {
+  const std::int64_t span = q_len + kv_len;
+  AttentionSpec s = spec;
+  for (Mask& m : s.masks) {
+    m.window_left = std::min(m.window_left, span);
+    m.window_right = std::min(m.window_right, span);
+    m.chunk_size = std::min(m.chunk_size, span + 1);
+  }
+  return s;
+}
+
 }  // namespace
 
 result<AttentionOutput> attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -370,7 +397,8 @@ result<AttentionOutput> attention(const at::Tensor& q, const at::Tensor& k, cons
   result<internal::Request> request = internal::resolve_request(spec.dispatch);
   if (!request) return request.error();
 
-  const internal::AttentionCall call{q, k, v, spec, scale.value()};
+  const AttentionSpec canonical = saturated(spec, q.size(2), k.size(2));
+  const internal::AttentionCall call{q, k, v, canonical, scale.value()};
   auto selection = internal::select(internal::Registry::builtin(), kOp, request.value(), call,
                                     &internal::Adapter::attention);
   if (!selection) return selection.error();

@@ -6,20 +6,33 @@
 #include <absl/strings/str_cat.h>
 
 #include "block_sparse_attention.h"
+#include "decode_attention.h"
 #include "dense_attention.h"
 
 namespace keel::adapters {
 
 namespace {
 
-// Dense calls SDPA computes exactly go to at::scaled_dot_product_attention;
-// the rest to compat::block_sparse_attention. `path` says which, and why.
+// A few queries against a cache (decode) go to compat::decode_attention;
+// dense calls SDPA computes exactly to at::scaled_dot_product_attention; the
+// rest to compat::block_sparse_attention. `path` says which, and why.
 internal::AttentionResult compat_attention_route(const internal::AttentionCall& call) {
   // Both routes allocate on q's device: make it the current one (a no-op on
   // the CPU), as ATen's own ops do.
   const at::OptionalDeviceGuard device(at::device_of(call.q));
-  const std::string refusal = compat::sdpa_refusal(call.q, call.k, call.v, call.spec);
   internal::AttentionResult r;
+  if (compat::decode_serves(call.q, call.k)) {
+    compat::BlockSparseResult d =
+        compat::decode_attention(call.q, call.k, call.v, call.spec, call.scale);
+    r.out = std::move(d.out);
+    if (call.spec.return_lse) r.lse = std::move(d.lse);
+    r.path = absl::StrCat("ran compat::decode_attention (Lq <= ", compat::kDecodeMaxQueries,
+                          ": each kv head read once for its query group, only the visible keys; "
+                          "fraction of the cache read: ",
+                          d.visible_fraction, ")");
+    return r;
+  }
+  const std::string refusal = compat::sdpa_refusal(call.q, call.k, call.v, call.spec);
   if (refusal.empty()) {
     r.out = compat::sdpa_attention(call.q, call.k, call.v, call.spec, call.scale);
     r.path = "ran at::scaled_dot_product_attention (a dense call it computes exactly)";
@@ -70,10 +83,13 @@ CapabilityInfo attention_capability() {
                 "ALiBi",
                 "bias",
                 "GQA/MQA",
+                "decode (Lq <= 16)",
                 "log-sum-exp",
                 "autograd"};
   c.implementation =
-      "at::scaled_dot_product_attention for dense calls it computes exactly (no mask, causal, a "
+      "compat::decode_attention for Lq <= 16 on the CPU (decode, speculative verification: each "
+      "kv head read once for its query group, only the visible keys of each sequence, no copy "
+      "of the cache); at::scaled_dot_product_attention for dense calls it computes exactly (no mask, causal, a "
       "boolean mask without empty rows, a finite bias without gradient; no softcap or lse); "
       "compat::block_sparse_attention otherwise: blocks of 128 classified from the mask spec, "
       "one call of at::_scaled_dot_product_flash_attention_for_cpu per contiguous range of "

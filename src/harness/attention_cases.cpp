@@ -1,5 +1,7 @@
 // The attention family: every mask kind and score modifier, GQA, Lq != Lk,
-// odd shapes, fp32 and bf16; forward (out, lse) and the gradients of q, k, v.
+// odd shapes, fp32 and bf16; serving shapes (decode and speculative
+// verification against a cache, chunked prefill, 32 query heads over 8 or 1
+// kv heads, head dim 128); forward (out, lse) and the gradients of q, k, v.
 #include <ATen/ATen.h>
 #include <absl/strings/str_cat.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -44,6 +46,21 @@ class AttentionFamily final : public Family {
         {"causal_softcap", base, {{"mask", "causal"}, {"softcap", 20.0}}},
         {"causal_alibi", base, {{"mask", "causal"}, {"alibi", true}}},
         {"odd_shapes_mqa", odd, {{"mask", "causal"}, {"alignment", "bottom_right"}}},
+        {"decode_gqa32_8",
+         {2, 32, 8, 1, 1024, 128},
+         {{"mask", "causal"}, {"alignment", "bottom_right"}}},
+        {"decode_gqa32_8_ragged",
+         {3, 32, 8, 1, 1024, 128},
+         {{"mask", "causal"}, {"alignment", "bottom_right"}, {"kv_padding", true}}},
+        {"decode_mqa32_1_window_256",
+         {2, 32, 1, 1, 1024, 128},
+         {{"mask", "sliding_window"}, {"left", 256}, {"right", 0}, {"alignment", "bottom_right"}}},
+        {"verify_gqa32_8_lq5",
+         {1, 32, 8, 5, 777, 128},
+         {{"mask", "causal"}, {"alignment", "bottom_right"}}},
+        {"chunked_prefill_gqa32_8_lq128",
+         {1, 32, 8, 128, 1024, 128},
+         {{"mask", "causal"}, {"alignment", "bottom_right"}}},
     };
     for (const auto& [type, dtype] :
          {std::pair{at::kFloat, "float32"}, std::pair{at::kBFloat16, "bfloat16"}}) {
@@ -61,7 +78,7 @@ class AttentionFamily final : public Family {
         const std::string mask = s.options.value("mask", "");
         if (mask == "prefix_lm")
           c.inputs["prefix_lengths"] = at::randint(1, sh.q_len, {sh.batch}, at::kLong);
-        if (mask == "key_padding")
+        if (mask == "key_padding" || s.options.value("kv_padding", false))
           c.inputs["kv_lengths"] = at::randint(1, sh.kv_len + 1, {sh.batch}, at::kLong);
         if (mask == "document") {
           // Packed sequences: sorted ids, documents of random lengths.
@@ -97,7 +114,8 @@ class AttentionFamily final : public Family {
       spec.masks.push_back(
           Mask::document(c.inputs.at("q_document_ids"), c.inputs.at("kv_document_ids")));
     }
-    if (mask == "key_padding") spec.masks.push_back(Mask::key_padding(c.inputs.at("kv_lengths")));
+    if (mask == "key_padding" || c.options.value("kv_padding", false))
+      spec.masks.push_back(Mask::key_padding(c.inputs.at("kv_lengths")));
     spec.softcap = c.options.value("softcap", 0.0);
     if (c.options.value("alibi", false)) spec.alibi_slopes = c.inputs.at("alibi_slopes");
     spec.return_lse = true;

@@ -1,7 +1,9 @@
 // attention on every adapter of this build against the float64 reference.
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -107,7 +109,7 @@ std::vector<MaskCase> mask_cases() {
        }},
       {"key_padding",
        [](const Shape& s) {
-         return with_masks({Mask::key_padding(s.Lk - at::arange(s.B, at::kLong) * 50)});
+         return with_masks({Mask::key_padding((s.Lk - at::arange(s.B, at::kLong) * 50).clamp_min(0))});
        }},
       {"block_mask",
        [](const Shape& s) {
@@ -135,7 +137,7 @@ std::vector<MaskCase> mask_cases() {
        }},
       {"window_and_padding_and_block", [](const Shape& s) {
          return with_masks({Mask::sliding_window(64, 64),
-                            Mask::key_padding(at::full({s.B}, s.Lk - 13, at::kLong)),
+                            Mask::key_padding(at::full({s.B}, std::max<std::int64_t>(s.Lk - 13, 0), at::kLong)),
                             Mask::block_mask(random_block_mask(s, 32, true))});
        }}};
 }
@@ -720,6 +722,254 @@ TEST_P(AttentionConformance, BadInputIsInvalidArgumentNamingTheArgument) {
 
 INSTANTIATE_TEST_SUITE_P(EveryAdapter, AttentionConformance,
                          ::testing::ValuesIn(testing::adapters_in_build()), testing::adapter_name);
+
+// Decode and speculative verification: a few queries (Lq <= 16) against a
+// cache, grouped-query heads, every mask a service uses, narrow caches. One
+// named case per shape; each seeds its own inputs.
+struct DecodeCase {
+  const char* name;
+  Shape shape;
+  at::ScalarType dtype;
+  std::function<AttentionSpec(const Shape&)> spec;
+};
+
+Shape decode_shape(std::int64_t B, std::int64_t Hq, std::int64_t Hkv, std::int64_t Lq,
+                   std::int64_t Lk, std::int64_t E, std::int64_t Ev) {
+  Shape s;
+  s.B = B;
+  s.Hq = Hq;
+  s.Hkv = Hkv;
+  s.Lq = Lq;
+  s.Lk = Lk;
+  s.E = E;
+  s.Ev = Ev;
+  return s;
+}
+
+const std::vector<DecodeCase>& decode_cases() {
+  static const std::vector<DecodeCase> cases = {
+      {"gqa32_8_lq1_causal_bottom_right", decode_shape(2, 32, 8, 1, 600, 128, 128), at::kFloat,
+       [](const Shape&) { return with_masks({Mask::causal(CausalAlignment::bottom_right)}); }},
+      {"gqa32_8_lq1_no_mask", decode_shape(1, 32, 8, 1, 777, 128, 128), at::kFloat,
+       [](const Shape&) { return AttentionSpec{}; }},
+      {"gqa32_1_lq5_window", decode_shape(2, 32, 1, 5, 900, 80, 80), at::kFloat,
+       [](const Shape&) {
+         return with_masks({Mask::sliding_window(100, 0, CausalAlignment::bottom_right)});
+       }},
+      {"gqa32_8_lq1_ragged_lengths", decode_shape(4, 32, 8, 1, 700, 128, 128), at::kFloat,
+       [](const Shape&) {
+         return with_masks({Mask::causal(CausalAlignment::bottom_right),
+                            Mask::key_padding(at::tensor({0, 1, 256, 700}, at::kLong))});
+       }},
+      {"gqa32_8_lq5_documents", decode_shape(2, 32, 8, 5, 640, 128, 128), at::kFloat,
+       [](const Shape& s) {
+         const at::Tensor kv = at::div(at::arange(s.Lk, at::kLong), 300, "floor").expand({s.B, s.Lk});
+         const at::Tensor q = kv.narrow(1, s.Lk - s.Lq, s.Lq).contiguous();
+         return with_masks({Mask::document(q, kv.contiguous()),
+                            Mask::causal(CausalAlignment::bottom_right)});
+       }},
+      {"gqa4_2_lq16_window_ev_ne_e", decode_shape(2, 4, 2, 16, 500, 64, 48), at::kFloat,
+       [](const Shape&) {
+         return with_masks({Mask::sliding_window(40, 0, CausalAlignment::bottom_right)});
+       }},
+      {"gqa32_8_lq1_softcap_alibi_bias", decode_shape(2, 32, 8, 1, 300, 128, 128), at::kFloat,
+       [](const Shape& s) {
+         AttentionSpec spec = with_masks({Mask::causal(CausalAlignment::bottom_right)});
+         spec.softcap = 5.0;
+         spec.alibi_slopes = at::linspace(0.01, 0.5, s.Hq, at::kFloat);
+         spec.alibi_alignment = CausalAlignment::bottom_right;
+         spec.bias = at::randn({s.B, 1, s.Lq, s.Lk});
+         return spec;
+       }},
+      {"gqa32_8_lq1_bf16_window", decode_shape(2, 32, 8, 1, 3000, 128, 128), at::kBFloat16,
+       [](const Shape&) {
+         return with_masks({Mask::sliding_window(512, 0, CausalAlignment::bottom_right)});
+       }},
+      {"gqa32_8_lq5_bf16_ragged", decode_shape(3, 32, 8, 5, 2100, 128, 128), at::kBFloat16,
+       [](const Shape&) {
+         return with_masks({Mask::causal(CausalAlignment::bottom_right),
+                            Mask::key_padding(at::tensor({2100, 5, 1030}, at::kLong))});
+       }},
+      {"gqa32_8_lq1_float64", decode_shape(2, 32, 8, 1, 300, 128, 128), at::kDouble,
+       [](const Shape&) { return with_masks({Mask::causal(CausalAlignment::bottom_right)}); }},
+  };
+  return cases;
+}
+
+class DecodeConformance : public ::testing::TestWithParam<std::tuple<Backend, std::string>> {
+ protected:
+  void SetUp() override {
+    at::manual_seed(20261203);
+    AttentionSpec probe;
+    probe.dispatch.backend = std::get<0>(GetParam());
+    const at::Tensor x = at::zeros({1, 1, 1, 8});
+    auto r = attention(x, x, x, probe);
+    if (!r && r.error().code() == Errc::unsupported) GTEST_SKIP() << r.error().message();
+  }
+  const DecodeCase& the_case() const {
+    for (const DecodeCase& c : decode_cases()) {
+      if (c.name == std::get<1>(GetParam())) return c;
+    }
+    throw std::logic_error("no decode case " + std::get<1>(GetParam()));
+  }
+  AttentionOutput run(const Qkv& x, AttentionSpec spec) const {
+    spec.dispatch.backend = std::get<0>(GetParam());
+    auto r = attention(x.q, x.k, x.v, spec);
+    EXPECT_TRUE(r) << r.error().to_string();
+    if (!r) return {};
+    return std::move(r).value();
+  }
+};
+
+TEST_P(DecodeConformance, MatchesFloat64Reference) {
+  const DecodeCase& c = the_case();
+  const Qkv x = make_qkv(c.shape, c.dtype);
+  for (bool lse : {false, true}) {
+    SCOPED_TRACE(lse ? "with lse" : "without lse");
+    AttentionSpec spec = c.spec(c.shape);
+    spec.return_lse = lse;
+    expect_within_rule(x, spec, run(x, spec), 1e-6);
+  }
+}
+
+// The decode path is differentiable: gradients of q, k and v against float64
+// autograd, bounded by twice the same-precision naive error (plus a floor
+// for entries whose naive error is 0).
+TEST_P(DecodeConformance, GradientsMatchReferenceAutograd) {
+  const DecodeCase& c = the_case();
+  if (c.dtype != at::kFloat) GTEST_SKIP() << "gradients are checked in float32";
+  Qkv x = make_qkv(c.shape, c.dtype);
+  const std::vector<at::Tensor> inputs = {x.q.requires_grad_(true), x.k.requires_grad_(true),
+                                          x.v.requires_grad_(true)};
+  AttentionSpec spec = c.spec(c.shape);
+  spec.return_lse = true;
+  const AttentionOutput got = run(x, spec);
+  ASSERT_TRUE(got.out.defined());
+  const at::Tensor up = at::randn(got.out.sizes(), at::kDouble);
+  const at::Tensor up_lse = at::randn(got.lse.sizes(), at::kDouble);
+  const auto loss_of = [&](const at::Tensor& out, const at::Tensor& lse) {
+    return (out.to(at::kDouble) * up).sum() +
+           (lse.to(at::kDouble).masked_fill(lse.isinf(), 0) * up_lse).sum();
+  };
+  const auto g = torch::autograd::grad({loss_of(got.out, got.lse)}, inputs);
+  const auto [ro, rl] = reference::attention(x.q, x.k, x.v, spec);
+  const auto rg = torch::autograd::grad({loss_of(ro, rl)}, inputs);
+  const auto [no, nl] = reference::attention(x.q, x.k, x.v, spec, at::kFloat);
+  const auto ng = torch::autograd::grad({loss_of(no, nl)}, inputs);
+  for (std::size_t n = 0; n < g.size(); ++n) {
+    SCOPED_TRACE(n);
+    const double err = max_error(g[n], rg[n]);
+    const double naive = max_error(ng[n], rg[n]);
+    EXPECT_LE(err, 2 * naive + 1e-6) << "error " << err << ", naive " << naive;
+  }
+}
+
+std::vector<std::string> decode_case_names() {
+  std::vector<std::string> names;
+  for (const DecodeCase& c : decode_cases()) names.emplace_back(c.name);
+  return names;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryAdapter, DecodeConformance,
+    ::testing::Combine(::testing::ValuesIn(testing::adapters_in_build()),
+                       ::testing::ValuesIn(decode_case_names())),
+    [](const ::testing::TestParamInfo<std::tuple<Backend, std::string>>& info) {
+      return std::string(to_string(std::get<0>(info.param))) + "_" + std::get<1>(info.param);
+    });
+
+// Every integer of a mask spec at its extremes (0, 1, Lk - 1, Lk, Lk + 1,
+// INT64_MAX, and negatives), for decode (Lq = 5) and training (Lq = 40)
+// shapes: either a defined meaning, matched against the float64 reference
+// (which compares differences, so it cannot overflow), or invalid_argument.
+struct ExtremeCase {
+  std::string name;
+  Mask mask;
+  bool valid;
+};
+
+constexpr std::int64_t kExtremeLk = 37;
+
+std::vector<ExtremeCase> extreme_cases() {
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  const std::vector<std::pair<const char*, std::int64_t>> values = {
+      {"0", 0},       {"1", 1},       {"Lk_minus_1", kExtremeLk - 1}, {"Lk", kExtremeLk},
+      {"Lk_plus_1", kExtremeLk + 1}, {"INT64_MAX", kMax}, {"minus_1", -1}, {"INT64_MIN", -kMax - 1}};
+  std::vector<ExtremeCase> cases;
+  for (const auto& [alignment, aname] :
+       {std::pair{CausalAlignment::top_left, "top_left"},
+        std::pair{CausalAlignment::bottom_right, "bottom_right"}}) {
+    for (const auto& [vname, value] : values) {
+      const std::string suffix = std::string(vname) + "_" + aname;
+      cases.push_back({"window_left_" + suffix, Mask::sliding_window(value, 0, alignment), value >= 0});
+      cases.push_back(
+          {"window_right_" + suffix, Mask::sliding_window(0, value, alignment), value >= 0});
+      cases.push_back(
+          {"window_both_" + suffix, Mask::sliding_window(value, value, alignment), value >= 0});
+      cases.push_back({"chunk_" + suffix, Mask::chunked_causal(value, alignment), value > 0});
+      cases.push_back({"prefix_" + suffix,
+                       Mask::prefix_lm(at::full({2}, value, at::kLong), alignment), true});
+    }
+  }
+  for (const auto& [vname, value] : values) {
+    cases.push_back({std::string("kv_lengths_") + vname,
+                     Mask::key_padding(at::tensor({value, std::int64_t{0}}, at::kLong)),
+                     value >= 0 && value <= kExtremeLk});
+  }
+  return cases;
+}
+
+class MaskExtremes : public ::testing::TestWithParam<std::tuple<Backend, std::string>> {
+ protected:
+  void SetUp() override {
+    at::manual_seed(20261203);
+    AttentionSpec probe;
+    probe.dispatch.backend = std::get<0>(GetParam());
+    const at::Tensor x = at::zeros({1, 1, 1, 8});
+    auto r = attention(x, x, x, probe);
+    if (!r && r.error().code() == Errc::unsupported) GTEST_SKIP() << r.error().message();
+  }
+};
+
+TEST_P(MaskExtremes, DefinedMeaningOrInvalidArgument) {
+  const std::string& name = std::get<1>(GetParam());
+  const std::vector<ExtremeCase> cases = extreme_cases();
+  const auto it = std::find_if(cases.begin(), cases.end(),
+                               [&](const ExtremeCase& c) { return c.name == name; });
+  ASSERT_NE(it, cases.end());
+  for (std::int64_t lq : {5, 40}) {
+    SCOPED_TRACE(::testing::Message() << "Lq " << lq);
+    Shape s;
+    s.Lq = lq;
+    s.Lk = kExtremeLk;
+    const Qkv x = make_qkv(s);
+    AttentionSpec spec = with_masks({it->mask});
+    spec.return_lse = true;
+    spec.dispatch.backend = std::get<0>(GetParam());
+    auto r = attention(x.q, x.k, x.v, spec);
+    if (!it->valid) {
+      ASSERT_FALSE(r);
+      EXPECT_EQ(r.error().code(), Errc::invalid_argument);
+      continue;
+    }
+    ASSERT_TRUE(r) << r.error().to_string();
+    expect_within_rule(x, spec, r.value(), 1e-6);
+  }
+}
+
+std::vector<std::string> extreme_case_names() {
+  std::vector<std::string> names;
+  for (const ExtremeCase& c : extreme_cases()) names.push_back(c.name);
+  return names;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryAdapter, MaskExtremes,
+    ::testing::Combine(::testing::ValuesIn(testing::adapters_in_build()),
+                       ::testing::ValuesIn(extreme_case_names())),
+    [](const ::testing::TestParamInfo<std::tuple<Backend, std::string>>& info) {
+      return std::string(to_string(std::get<0>(info.param))) + "_" + std::get<1>(info.param);
+    });
 
 }  // namespace
 }  // namespace keel

@@ -1,0 +1,34 @@
+// keel's decode kernel: a few queries (Lq <= kDecodeMaxQueries: one decode
+// step, or speculative verification) against a long key/value cache, where
+// the cost is reading the cache. For each sequence it reads only the keys the
+// mask leaves visible (a window, a key-padding length, a document), and each
+// key/value head once for its whole group of query heads: the queries of a
+// group are the rows of one matrix product with that head's keys, so
+// grouped-query caches are never expanded and never copied (a narrow cache,
+// bfloat16 or float16, is converted a bounded slice at a time). Plain ATen
+// ops, differentiable through autograd; every score modifier and mask kind.
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+
+#include "block_sparse_attention.h"
+#include "keel/v1/attention.h"
+
+namespace keel::compat {
+
+// The most queries per sequence the decode kernel takes.
+constexpr std::int64_t kDecodeMaxQueries = 16;
+
+// Whether the decode kernel serves this call: CPU tensors, 1 <= Lq <=
+// kDecodeMaxQueries, Lk >= 1.
+bool decode_serves(const at::Tensor& q, const at::Tensor& k);
+
+// q, k, v and spec as keel::attention validated them; `scale` resolved.
+// `visible_fraction` is the fraction of the cache's keys read;
+// `kernel_calls` stays -1 (no call of libtorch's flash kernel).
+BlockSparseResult decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const AttentionSpec& spec, double scale);
+
+}  // namespace keel::compat

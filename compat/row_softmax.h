@@ -1,0 +1,44 @@
+// The softmax pieces keel's attention kernels share on plain ATen ops.
+#pragma once
+
+#include <limits>
+
+#include <ATen/ATen.h>
+
+#include "keel/v1/attention.h"
+
+namespace keel::compat {
+
+// Softmax over the last dim with a fully masked row (all -inf) giving 0
+// output weights and lse -inf, and a zero gradient there.
+struct RowSoftmax {
+  at::Tensor weights_unnormalised;  // exp(s - shift)
+  at::Tensor denominator;           // sum, 1 where the row is empty
+  at::Tensor lse;                   // [..., 1]
+};
+
+inline RowSoftmax row_softmax(const at::Tensor& s) {
+  // The shift by the row maximum keeps exp() from overflowing and carries
+  // no gradient; an empty row is shifted by 0, not by -inf (which gives NaN).
+  at::Tensor shift = std::get<0>(s.detach().max(-1, /*keepdim=*/true));
+  shift = at::where(shift.isfinite(), shift, at::zeros_like(shift));
+  const at::Tensor e = (s - shift).exp();
+  const at::Tensor sum = e.sum(-1, /*keepdim=*/true);
+  const at::Tensor empty = sum == 0;
+  const at::Tensor safe = at::where(empty, at::ones_like(sum), sum);
+  const at::Tensor lse = at::where(
+      empty, at::full({}, -std::numeric_limits<double>::infinity(), sum.options()),
+      safe.log() + shift);
+  return {e, safe, lse};
+}
+
+// 0, as a function of every differentiable input (so that backward reaches
+// each of them with a zero gradient when no key is visible at all).
+inline at::Tensor zero_tied_to_inputs(const at::Tensor& q, const at::Tensor& k,
+                                      const at::Tensor& v, const AttentionSpec& spec) {
+  at::Tensor sum = q.sum() + k.sum() + v.sum();
+  if (spec.bias.defined()) sum = sum + spec.bias.sum().to(sum.scalar_type());
+  return sum * 0;
+}
+
+}  // namespace keel::compat

@@ -1,0 +1,187 @@
+// Decode: one query per sequence (Lq = 1) against a KV cache, the shape a
+// serving engine runs. keel::attention against the best a libtorch user
+// writes by hand for the same visible keys (at::scaled_dot_product_attention
+// with enable_gqa, keys sliced to the window, a boolean mask for ragged
+// lengths and documents), and against the machine's memory bandwidth,
+// measured in the same run as the time to read the same number of bytes
+// (a float32 sum over a buffer of that many bytes).
+//
+//   build/torch-<release>/tests/keel_decode_bench [--threads=1] [--rounds=5] [--filter=SUBSTRING]
+//
+// Each case: the contenders alternate, round after round (keel, SDPA, read),
+// after one untimed call each; the figures are the medians of the rounds.
+// Printed per case: keel / SDPA (time ratio, <= 1 is keel faster) and the
+// fraction of the bandwidth keel reaches (read time / keel time; 1.0 is
+// reading the visible K and V once at the speed of a plain read).
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <keel/keel.h>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double seconds(const std::function<void()>& f) {
+  const auto t0 = Clock::now();
+  f();
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+struct Case {
+  std::string name;
+  std::int64_t B, Hq, Hkv, Lk;
+  at::ScalarType dtype;
+  std::string mask;  // causal, window512, ragged, documents
+};
+
+constexpr std::int64_t kDim = 128;
+constexpr std::int64_t kWindow = 512;
+
+struct Setup {
+  at::Tensor q, k, v;
+  keel::AttentionSpec spec;
+  std::function<at::Tensor()> by_hand;
+  double visible_keys = 0;  // summed over the batch
+};
+
+Setup make(const Case& c) {
+  at::manual_seed(0);
+  Setup s;
+  s.q = at::randn({c.B, c.Hq, 1, kDim}).to(c.dtype);
+  s.k = at::randn({c.B, c.Hkv, c.Lk, kDim}).to(c.dtype);
+  s.v = at::randn({c.B, c.Hkv, c.Lk, kDim}).to(c.dtype);
+  const bool gqa = c.Hq != c.Hkv;
+  const at::Tensor q = s.q, k = s.k, v = s.v;
+  if (c.mask == "causal") {
+    // Bottom-right causal with Lq = 1: every key is visible.
+    s.spec.masks = {keel::Mask::causal(keel::CausalAlignment::bottom_right)};
+    s.by_hand = [=] { return at::scaled_dot_product_attention(q, k, v, {}, 0.0, false, {}, gqa); };
+    s.visible_keys = static_cast<double>(c.B * c.Lk);
+  } else if (c.mask == "window512") {
+    s.spec.masks = {keel::Mask::sliding_window(kWindow, 0, keel::CausalAlignment::bottom_right)};
+    const std::int64_t n = std::min(c.Lk, kWindow + 1);
+    s.by_hand = [=] {
+      return at::scaled_dot_product_attention(q, k.narrow(2, c.Lk - n, n), v.narrow(2, c.Lk - n, n),
+                                              {}, 0.0, false, {}, gqa);
+    };
+    s.visible_keys = static_cast<double>(c.B * n);
+  } else if (c.mask == "ragged") {
+    // Lengths spread over [Lk / 4, Lk]: a batch of sequences of different ages.
+    const at::Tensor lengths =
+        at::linspace(static_cast<double>(c.Lk) / 4, static_cast<double>(c.Lk), c.B).to(at::kLong);
+    s.spec.masks = {keel::Mask::causal(keel::CausalAlignment::bottom_right),
+                    keel::Mask::key_padding(lengths)};
+    const at::Tensor keep = (at::arange(c.Lk, at::kLong).view({1, 1, 1, -1}) <
+                             lengths.view({-1, 1, 1, 1}));
+    s.by_hand = [=] { return at::scaled_dot_product_attention(q, k, v, keep, 0.0, false, {}, gqa); };
+    s.visible_keys = lengths.sum().item<double>();
+  } else {
+    // Documents of 1000 tokens packed in each row; the query is the last
+    // token of the last one.
+    const at::Tensor kv_ids = at::div(at::arange(c.Lk, at::kLong), 1000, "floor").expand({c.B, c.Lk}).contiguous();
+    const at::Tensor q_ids = kv_ids.narrow(1, c.Lk - 1, 1).contiguous();
+    s.spec.masks = {keel::Mask::document(q_ids, kv_ids),
+                    keel::Mask::causal(keel::CausalAlignment::bottom_right)};
+    const at::Tensor keep = (kv_ids == q_ids).view({c.B, 1, 1, c.Lk});
+    s.by_hand = [=] { return at::scaled_dot_product_attention(q, k, v, keep, 0.0, false, {}, gqa); };
+    s.visible_keys = static_cast<double>(c.B * (c.Lk - (c.Lk - 1) / 1000 * 1000));
+  }
+  return s;
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (std::int64_t B : {1, 8}) {
+      for (std::int64_t Lk : {1024, 8192, 32768}) {
+        for (std::int64_t Hkv : {32, 8, 1}) {
+          for (const char* mask : {"causal", "window512", "ragged", "documents"}) {
+            if (B == 1 && std::string(mask) == "ragged") continue;  // one sequence: no raggedness
+            Case c{"", B, 32, Hkv, Lk, dtype, mask};
+            char name[128];
+            std::snprintf(name, sizeof(name), "%s B=%lld Lk=%lld 32/%lld %s",
+                          dtype == at::kFloat ? "f32" : "bf16", static_cast<long long>(B),
+                          static_cast<long long>(Lk), static_cast<long long>(Hkv), mask);
+            c.name = name;
+            cases.push_back(c);
+          }
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+std::string flag(int argc, char** argv, const char* name, const char* fallback) {
+  const std::string prefix = std::string("--") + name + "=";
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], prefix.c_str(), prefix.size()) == 0) return argv[i] + prefix.size();
+  }
+  return fallback;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int threads = std::stoi(flag(argc, argv, "threads", "1"));
+  const int rounds = std::stoi(flag(argc, argv, "rounds", "5"));
+  const std::string filter = flag(argc, argv, "filter", "");
+  at::set_num_threads(threads);
+  c10::InferenceMode inference;
+  std::printf("keel decode bench: libtorch %s, %d thread(s), %d rounds, medians\n",
+              keel::build_info().torch_version.c_str(), threads, rounds);
+  std::printf("%-34s %10s %10s %10s %9s %9s %8s\n", "case", "keel ms", "SDPA ms", "read ms",
+              "keel/SDPA", "bandwidth", "GB/s");
+  double worst_ratio = 0;
+  double worst_bw_long = 1e9;
+  for (const Case& c : all_cases()) {
+    if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;
+    Setup s = make(c);
+    const double bytes = s.visible_keys * static_cast<double>(c.Hkv * kDim * 2) *
+                         static_cast<double>(c10::elementSize(c.dtype));
+    const at::Tensor buffer = at::ones({static_cast<std::int64_t>(bytes / 4)}, at::kFloat);
+    const auto keel_call = [&] {
+      auto r = keel::attention(s.q, s.k, s.v, s.spec);
+      if (!r) {
+        std::fprintf(stderr, "keel: %s\n", r.error().to_string().c_str());
+        std::exit(1);
+      }
+    };
+    const auto sdpa_call = [&] { (void)s.by_hand(); };
+    const auto read_call = [&] { (void)buffer.sum().item<float>(); };
+    keel_call();
+    sdpa_call();
+    read_call();
+    std::vector<double> tk, ts, tr;
+    for (int r = 0; r < rounds; ++r) {
+      tk.push_back(seconds(keel_call));
+      ts.push_back(seconds(sdpa_call));
+      tr.push_back(seconds(read_call));
+    }
+    const double k_ms = median(tk) * 1e3, s_ms = median(ts) * 1e3, r_ms = median(tr) * 1e3;
+    const double ratio = k_ms / s_ms;
+    const double fraction = r_ms / k_ms;
+    worst_ratio = std::max(worst_ratio, ratio);
+    if (c.Lk >= 8192 && c.mask != "window512") worst_bw_long = std::min(worst_bw_long, fraction);
+    std::printf("%-34s %10.3f %10.3f %10.3f %9.2f %8.0f%% %8.1f\n", c.name.c_str(), k_ms, s_ms,
+                r_ms, ratio, 100 * fraction, bytes / (k_ms * 1e-3) / 1e9);
+    std::fflush(stdout);
+  }
+  std::printf("worst keel/SDPA: %.2f; lowest bandwidth fraction at Lk >= 8192 (full reads): %.0f%%\n",
+              worst_ratio, 100 * worst_bw_long);
+  return 0;
+}
