@@ -79,6 +79,36 @@ PY
   return "$rc"
 }
 
+# The table so far, into build/matrix/table.md and, for the full matrix,
+# docs/releases.md: written after every release, so that a run stopped
+# midway still leaves the rows it finished.
+write_table() {
+  {
+    echo "| release | standard | configure | build | tests (ctest) | compare, compat adapter | compare, native adapter | minutes |"
+    echo "|---|---|---|---|---|---|---|---|"
+    printf '%s\n' "${rows[@]}"
+  } >"$out/table.md"
+  [ $write_docs -eq 1 ] || return 0
+  {
+    cat <<EOF
+# keel on every supported libtorch release
+
+Written by \`scripts/matrix.sh\` (every release of \`cmake/torch-releases.txt\`,
+one after the other) on $(date -u '+%Y-%m-%d %H:%M UTC'), keel commit
+\`$(git rev-parse --short HEAD)\`$(git diff --quiet HEAD || echo ' with uncommitted changes'), on
+$(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(. /etc/os-release && echo "$PRETTY_NAME"), $(c++ --version | head -n1).
+Each release: the \`release\` preset (g++, every ctest test, the soak at
+$KEEL_SOAK_ROUNDS rounds); "compare" replays the golden recorded on
+$keel_golden in that release's keel-compat with each adapter (cases passing
+/ all cases, "+ N declined" where the adapter declines a case, with its
+reason in the report; "-" where the build has no such adapter). Logs:
+\`build/matrix/<release>/\`.
+
+EOF
+    cat "$out/table.md"
+  } >docs/releases.md
+}
+
 for r in "${releases[@]}"; do
   t0=$(date +%s)
   b=build/torch-$r
@@ -117,34 +147,10 @@ for r in "${releases[@]}"; do
   case "$cmp_compat$cmp_native" in *failing*|*error*|*golden*) failed=1 ;; esac
   rows+=("$row")
   echo "$row"
+  write_table
 done
-
-{
-  echo "| release | standard | configure | build | tests (ctest) | compare, compat adapter | compare, native adapter | minutes |"
-  echo "|---|---|---|---|---|---|---|---|"
-  printf '%s\n' "${rows[@]}"
-} >"$out/table.md"
 
 echo
 cat "$out/table.md"
-if [ $write_docs -eq 1 ]; then
-  {
-    cat <<EOF
-# keel on every supported libtorch release
-
-Written by \`scripts/matrix.sh\` (every release of \`cmake/torch-releases.txt\`,
-one after the other) on $(date -u '+%Y-%m-%d %H:%M UTC'), keel commit
-\`$(git rev-parse --short HEAD)\`$(git diff --quiet HEAD || echo ' with uncommitted changes'), on
-$(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(. /etc/os-release && echo "$PRETTY_NAME"), $(c++ --version | head -n1).
-Each release: the \`release\` preset (g++, every ctest test, the soak at
-$KEEL_SOAK_ROUNDS rounds); "compare" replays the golden recorded on
-$keel_golden in that release's keel-compat with each adapter (cases passing
-or explained by a documented per-case tolerance / all cases; "-" where the
-build has no such adapter). Logs: \`build/matrix/<release>/\`.
-
-EOF
-    cat "$out/table.md"
-  } >docs/releases.md
-  echo "keel matrix: wrote docs/releases.md"
-fi
+[ $write_docs -eq 0 ] || echo "keel matrix: wrote docs/releases.md"
 exit $failed
