@@ -168,8 +168,7 @@ at::Tensor cache_matmul(const at::Tensor& a, const at::Tensor& cache, bool keys_
 }  // namespace
 
 bool decode_serves(const at::Tensor& q, const at::Tensor& k) {
-  return q.device().is_cpu() && q.size(2) >= 1 && q.size(2) <= kDecodeMaxQueries &&
-         k.size(2) >= 1;
+  return q.device().is_cpu() && q.size(2) >= 1 && q.size(2) <= kDecodeMaxQueries && k.size(2) >= 1;
 }
 
 BlockSparseResult decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -210,7 +209,8 @@ BlockSparseResult decode_attention(const at::Tensor& q, const at::Tensor& k, con
     const at::Tensor vb = v.narrow(0, b0, nb).narrow(2, range.lo, len);
     const at::Tensor qg = qs.narrow(0, b0, nb).reshape({nb, kv_heads, group * q_len, head_dim});
 
-    at::Tensor s = cache_matmul(qg, kb, /*keys_are_columns=*/true, acc).view({nb, q_heads, q_len, len});
+    at::Tensor s =
+        cache_matmul(qg, kb, /*keys_are_columns=*/true, acc).view({nb, q_heads, q_len, len});
     if (spec.softcap > 0) s = (s / spec.softcap).tanh() * spec.softcap;
     if (sb.alibi_slopes.defined() || sb.bias.defined() || !range.full) {
       const at::Tensor keys = at::arange(range.lo, range.hi, q.options().dtype(at::kLong));

@@ -26,16 +26,16 @@ inline RowSoftmax row_softmax(const at::Tensor& s) {
   const at::Tensor sum = e.sum(-1, /*keepdim=*/true);
   const at::Tensor empty = sum == 0;
   const at::Tensor safe = at::where(empty, at::ones_like(sum), sum);
-  const at::Tensor lse = at::where(
-      empty, at::full({}, -std::numeric_limits<double>::infinity(), sum.options()),
-      safe.log() + shift);
+  const at::Tensor lse =
+      at::where(empty, at::full({}, -std::numeric_limits<double>::infinity(), sum.options()),
+                safe.log() + shift);
   return {e, safe, lse};
 }
 
 // 0, as a function of every differentiable input (so that backward reaches
 // each of them with a zero gradient when no key is visible at all).
-inline at::Tensor zero_tied_to_inputs(const at::Tensor& q, const at::Tensor& k,
-                                      const at::Tensor& v, const AttentionSpec& spec) {
+inline at::Tensor zero_tied_to_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const AttentionSpec& spec) {
   at::Tensor sum = q.sum() + k.sum() + v.sum();
   if (spec.bias.defined()) sum = sum + spec.bias.sum().to(sum.scalar_type());
   return sum * 0;

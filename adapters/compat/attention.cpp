@@ -89,7 +89,8 @@ CapabilityInfo attention_capability() {
   c.implementation =
       "compat::decode_attention for Lq <= 16 on the CPU (decode, speculative verification: each "
       "kv head read once for its query group, only the visible keys of each sequence, no copy "
-      "of the cache); at::scaled_dot_product_attention for dense calls it computes exactly (no mask, causal, a "
+      "of the cache); at::scaled_dot_product_attention for dense calls it computes exactly (no "
+      "mask, causal, a "
       "boolean mask without empty rows, a finite bias without gradient; no softcap or lse); "
       "compat::block_sparse_attention otherwise: blocks of 128 classified from the mask spec, "
       "one call of at::_scaled_dot_product_flash_attention_for_cpu per contiguous range of "

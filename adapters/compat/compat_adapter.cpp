@@ -2,10 +2,10 @@
 
 #include "attention.h"
 
-#include "dispatch/logsumexp.h"
-#include "masked_logsumexp.h"
 #include "compat/comm.h"
 #include "compat/linear_cross_entropy.h"
+#include "dispatch/logsumexp.h"
+#include "masked_logsumexp.h"
 
 namespace keel::adapters {
 namespace {

@@ -4,15 +4,16 @@
 
 #include <utility>
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/headeronly/version.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "comm/backends.h"
 #include "compat/comm.h"
 
 // 2.14 moved the canonical names onto c10d::Backend: comm_2_14.cpp.
 #if TORCH_VERSION_MAJOR != 2 || TORCH_VERSION_MINOR != 13
-#error "adapters/native/comm_2_13.cpp is for libtorch 2.13 (ProcessGroup::*_single); 2.14+ builds comm_2_14.cpp"
+#error \
+    "adapters/native/comm_2_13.cpp is for libtorch 2.13 (ProcessGroup::*_single); 2.14+ builds comm_2_14.cpp"
 #endif
 
 namespace keel::adapters {

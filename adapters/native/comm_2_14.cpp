@@ -14,7 +14,8 @@
 
 // 2.13 has these names on c10d::ProcessGroup only: comm_2_13.cpp.
 #if TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 14)
-#error "adapters/native/comm_2_14.cpp needs libtorch 2.14 (c10d::Backend::*_single); 2.13 builds comm_2_13.cpp"
+#error \
+    "adapters/native/comm_2_14.cpp needs libtorch 2.14 (c10d::Backend::*_single); 2.13 builds comm_2_13.cpp"
 #endif
 
 namespace keel::adapters {

@@ -85,19 +85,24 @@ Setup make(const Case& c) {
         at::linspace(static_cast<double>(c.Lk) / 4, static_cast<double>(c.Lk), c.B).to(at::kLong);
     s.spec.masks = {keel::Mask::causal(keel::CausalAlignment::bottom_right),
                     keel::Mask::key_padding(lengths)};
-    const at::Tensor keep = (at::arange(c.Lk, at::kLong).view({1, 1, 1, -1}) <
-                             lengths.view({-1, 1, 1, 1}));
-    s.by_hand = [=] { return at::scaled_dot_product_attention(q, k, v, keep, 0.0, false, {}, gqa); };
+    const at::Tensor keep =
+        (at::arange(c.Lk, at::kLong).view({1, 1, 1, -1}) < lengths.view({-1, 1, 1, 1}));
+    s.by_hand = [=] {
+      return at::scaled_dot_product_attention(q, k, v, keep, 0.0, false, {}, gqa);
+    };
     s.visible_keys = lengths.sum().item<double>();
   } else {
     // Documents of 1000 tokens packed in each row; the query is the last
     // token of the last one.
-    const at::Tensor kv_ids = at::div(at::arange(c.Lk, at::kLong), 1000, "floor").expand({c.B, c.Lk}).contiguous();
+    const at::Tensor kv_ids =
+        at::div(at::arange(c.Lk, at::kLong), 1000, "floor").expand({c.B, c.Lk}).contiguous();
     const at::Tensor q_ids = kv_ids.narrow(1, c.Lk - 1, 1).contiguous();
     s.spec.masks = {keel::Mask::document(q_ids, kv_ids),
                     keel::Mask::causal(keel::CausalAlignment::bottom_right)};
     const at::Tensor keep = (kv_ids == q_ids).view({c.B, 1, 1, c.Lk});
-    s.by_hand = [=] { return at::scaled_dot_product_attention(q, k, v, keep, 0.0, false, {}, gqa); };
+    s.by_hand = [=] {
+      return at::scaled_dot_product_attention(q, k, v, keep, 0.0, false, {}, gqa);
+    };
     s.visible_keys = static_cast<double>(c.B * (c.Lk - (c.Lk - 1) / 1000 * 1000));
   }
   return s;
@@ -181,7 +186,8 @@ int main(int argc, char** argv) {
                 r_ms, ratio, 100 * fraction, bytes / (k_ms * 1e-3) / 1e9);
     std::fflush(stdout);
   }
-  std::printf("worst keel/SDPA: %.2f; lowest bandwidth fraction at Lk >= 8192 (full reads): %.0f%%\n",
-              worst_ratio, 100 * worst_bw_long);
+  std::printf(
+      "worst keel/SDPA: %.2f; lowest bandwidth fraction at Lk >= 8192 (full reads): %.0f%%\n",
+      worst_ratio, 100 * worst_bw_long);
   return 0;
 }

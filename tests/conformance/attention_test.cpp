@@ -109,7 +109,8 @@ std::vector<MaskCase> mask_cases() {
        }},
       {"key_padding",
        [](const Shape& s) {
-         return with_masks({Mask::key_padding((s.Lk - at::arange(s.B, at::kLong) * 50).clamp_min(0))});
+         return with_masks(
+             {Mask::key_padding((s.Lk - at::arange(s.B, at::kLong) * 50).clamp_min(0))});
        }},
       {"block_mask",
        [](const Shape& s) {
@@ -136,9 +137,10 @@ std::vector<MaskCase> mask_cases() {
              MaskCombine::any_of);
        }},
       {"window_and_padding_and_block", [](const Shape& s) {
-         return with_masks({Mask::sliding_window(64, 64),
-                            Mask::key_padding(at::full({s.B}, std::max<std::int64_t>(s.Lk - 13, 0), at::kLong)),
-                            Mask::block_mask(random_block_mask(s, 32, true))});
+         return with_masks(
+             {Mask::sliding_window(64, 64),
+              Mask::key_padding(at::full({s.B}, std::max<std::int64_t>(s.Lk - 13, 0), at::kLong)),
+              Mask::block_mask(random_block_mask(s, 32, true))});
        }}};
 }
 
@@ -763,10 +765,11 @@ const std::vector<DecodeCase>& decode_cases() {
        }},
       {"gqa32_8_lq5_documents", decode_shape(2, 32, 8, 5, 640, 128, 128), at::kFloat,
        [](const Shape& s) {
-         const at::Tensor kv = at::div(at::arange(s.Lk, at::kLong), 300, "floor").expand({s.B, s.Lk});
+         const at::Tensor kv =
+             at::div(at::arange(s.Lk, at::kLong), 300, "floor").expand({s.B, s.Lk});
          const at::Tensor q = kv.narrow(1, s.Lk - s.Lq, s.Lq).contiguous();
-         return with_masks({Mask::document(q, kv.contiguous()),
-                            Mask::causal(CausalAlignment::bottom_right)});
+         return with_masks(
+             {Mask::document(q, kv.contiguous()), Mask::causal(CausalAlignment::bottom_right)});
        }},
       {"gqa4_2_lq16_window_ev_ne_e", decode_shape(2, 4, 2, 16, 500, 64, 48), at::kFloat,
        [](const Shape&) {
@@ -892,23 +895,29 @@ constexpr std::int64_t kExtremeLk = 37;
 
 std::vector<ExtremeCase> extreme_cases() {
   constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
-  const std::vector<std::pair<const char*, std::int64_t>> values = {
-      {"0", 0},       {"1", 1},       {"Lk_minus_1", kExtremeLk - 1}, {"Lk", kExtremeLk},
-      {"Lk_plus_1", kExtremeLk + 1}, {"INT64_MAX", kMax}, {"minus_1", -1}, {"INT64_MIN", -kMax - 1}};
+  const std::vector<std::pair<const char*, std::int64_t>> values = {{"0", 0},
+                                                                    {"1", 1},
+                                                                    {"Lk_minus_1", kExtremeLk - 1},
+                                                                    {"Lk", kExtremeLk},
+                                                                    {"Lk_plus_1", kExtremeLk + 1},
+                                                                    {"INT64_MAX", kMax},
+                                                                    {"minus_1", -1},
+                                                                    {"INT64_MIN", -kMax - 1}};
   std::vector<ExtremeCase> cases;
   for (const auto& [alignment, aname] :
        {std::pair{CausalAlignment::top_left, "top_left"},
         std::pair{CausalAlignment::bottom_right, "bottom_right"}}) {
     for (const auto& [vname, value] : values) {
       const std::string suffix = std::string(vname) + "_" + aname;
-      cases.push_back({"window_left_" + suffix, Mask::sliding_window(value, 0, alignment), value >= 0});
+      cases.push_back(
+          {"window_left_" + suffix, Mask::sliding_window(value, 0, alignment), value >= 0});
       cases.push_back(
           {"window_right_" + suffix, Mask::sliding_window(0, value, alignment), value >= 0});
       cases.push_back(
           {"window_both_" + suffix, Mask::sliding_window(value, value, alignment), value >= 0});
       cases.push_back({"chunk_" + suffix, Mask::chunked_causal(value, alignment), value > 0});
-      cases.push_back({"prefix_" + suffix,
-                       Mask::prefix_lm(at::full({2}, value, at::kLong), alignment), true});
+      cases.push_back(
+          {"prefix_" + suffix, Mask::prefix_lm(at::full({2}, value, at::kLong), alignment), true});
     }
   }
   for (const auto& [vname, value] : values) {
