@@ -22,7 +22,7 @@ constexpr std::int64_t kKeyBlock = 256;
 // Elements of a narrow (16-bit) cache converted to the compute dtype at a
 // time: the only copy of the cache there is, a bounded one (1 MiB of
 // float32, so that the product reads it from the cache, not from memory).
-constexpr std::int64_t kConvertElements = 256 * 1024;
+constexpr std::int64_t kConvertElements = std::int64_t{256} * 1024;
 
 // `t` narrowed to batch b when its leading dim is the batch (of size B > 1);
 // a tensor that broadcasts over the batch is kept whole.

@@ -245,8 +245,8 @@ result<void> check_mask(const Mask& m, std::size_t index, const Dims& d, const a
       result<void> r = check_index_tensor((at + ".kv_lengths").c_str(), m.kv_lengths, {d.batch},
                                           "valid keys per batch", q);
       if (!r || m.kv_lengths.numel() == 0) return r;
-      const std::int64_t lo = m.kv_lengths.min().item<std::int64_t>();
-      const std::int64_t hi = m.kv_lengths.max().item<std::int64_t>();
+      const auto lo = m.kv_lengths.min().item<std::int64_t>();
+      const auto hi = m.kv_lengths.max().item<std::int64_t>();
       if (lo < 0 || hi > d.kv_len) {
         return invalid(absl::StrCat(at, ".kv_lengths holds values in [", lo, ", ", hi,
                                     "]; expected each in [0, Lk = ", d.kv_len, "]"));
