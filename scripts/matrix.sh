@@ -61,7 +61,11 @@ record_golden() {
 
 compare_cell() {
   local exe=$1 adapter=$2 json=$3
-  if ! "$(dirname "$exe")/keel-info" --json | grep -q "\"name\": \"$adapter\""; then
+  # The JSON first, then grep: grep -q stops reading early, and under pipefail
+  # keel-info's SIGPIPE would read as "no such adapter".
+  local info
+  info=$("$(dirname "$exe")/keel-info" --json)
+  if ! grep -q "\"name\": \"$adapter\"" <<<"$info"; then
     echo "-"
     return 0
   fi

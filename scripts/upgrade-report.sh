@@ -57,7 +57,9 @@ status=0
 rows=()
 for r in "${to[@]}"; do
   for adapter in compat native; do
-    "build/torch-$r/keel-info" --json | grep -q "\"name\": \"$adapter\"" || continue
+    # The JSON first, then grep (grep -q closing the pipe early fails under pipefail).
+    info=$("build/torch-$r/keel-info" --json)
+    grep -q "\"name\": \"$adapter\"" <<<"$info" || continue
     echo
     echo "keel: ===== $from -> $r, $adapter adapter ====="
     base=$out/compare-$from-to-$r-$adapter
