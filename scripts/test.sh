@@ -22,10 +22,13 @@ scripts/fetch-deps.sh
 start=$(date +%s)
 summary=()
 
-# ctest's closing "N tests failed out of M", as "P passed, F failed".
+# ctest's closing "N tests failed out of M", as "P passed, S skipped, F failed"
+# (ctest counts a skipped test among the passed; its list names them "(Skipped)").
 totals() {
+  local skipped
+  skipped=$(grep -c '(Skipped)' "$1" || true)
   sed -n 's/.*tests passed, \([0-9]*\) tests\? failed out of \([0-9]*\).*/\2 \1/p' "$1" | tail -n1 |
-    awk '{printf "%d passed, %d failed", $1 - $2, $2}'
+    awk -v s="$skipped" '{printf "%d passed, %d skipped, %d failed", $1 - $2 - s, s, $2}'
 }
 # run_suite LABEL PRESET RELEASE [ctest args...]: configure, build, test; the totals go in the summary.
 run_suite() {
