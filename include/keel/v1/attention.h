@@ -11,9 +11,10 @@
 ///
 /// @code
 ///   at::Tensor q = at::randn({1, 8, 1024, 64});  // [B, Hq, Lq, E]
-///   at::Tensor k = at::randn({1, 2, 1024, 64});  // [B, Hkv, Lk, E]: GQA, 4 query heads per kv
-///   head at::Tensor v = at::randn({1, 2, 1024, 64});  // [B, Hkv, Lk, Ev] keel::AttentionSpec
-///   spec; spec.masks = {keel::Mask::sliding_window(256, 0)};  // causal window of 257 keys
+///   at::Tensor k = at::randn({1, 2, 1024, 64});  // [B, Hkv, Lk, E]: 4 query heads per kv head
+///   at::Tensor v = at::randn({1, 2, 1024, 64});  // [B, Hkv, Lk, Ev]
+///   keel::AttentionSpec spec;
+///   spec.masks = {keel::Mask::sliding_window(256, 0)};  // a causal window of 257 keys
 ///   spec.return_lse = true;
 ///   keel::result<keel::AttentionOutput> r = keel::attention(q, k, v, spec);
 ///   if (!r) { std::cerr << r.error().to_string() << "\n"; return; }

@@ -19,14 +19,14 @@
 /// lists the valid ones.
 ///
 /// @code
-///   keel::DispatchOptions dispatch;
-///   dispatch.backend = keel::Backend::compat;   // this call only
-///   auto r = keel::logsumexp(x, {}, dispatch);
+///   keel::LogsumexpOptions options;
+///   options.dispatch.backend = keel::Backend::compat;  // this call only
+///   auto r = keel::logsumexp(x, options);
 ///   if (r) std::cout << r.value().dispatch.adapter << ": " << r.value().dispatch.reason;
 /// @endcode
 ///
-/// Setting `KEEL_LOG=dispatch` logs every decision (through abseil logging,
-/// to stderr).
+/// Setting `KEEL_LOG=dispatch` logs every decision (one line each, to
+/// stderr).
 #pragma once
 
 #include <cstdint>
