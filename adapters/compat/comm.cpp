@@ -79,24 +79,8 @@ void BackendEngine::abort() noexcept {
   }
 }
 
-namespace {
-
-class CompatComm final : public internal::CommKernel {
- public:
-  internal::Support supports(const internal::CommCall& call) const override {
-    return internal::backend_available(call.backend);
-  }
-  std::unique_ptr<internal::CommEngine> wrap(c10::intrusive_ptr<c10d::Backend> backend,
-                                             c10::intrusive_ptr<c10d::Store> /*store*/,
-                                             int /*rank*/, int /*size*/) const override {
-    return std::make_unique<BackendEngine>(std::move(backend));
-  }
-};
-
-}  // namespace
-
 const internal::CommKernel& compat_comm_kernel() {
-  static const CompatComm kernel;
+  static const BackendComm<BackendEngine> kernel;
   return kernel;
 }
 

@@ -6,7 +6,9 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 
+#include "comm/backends.h"
 #include "dispatch/comm.h"
 #include "keel/v1/build_info.h"
 
@@ -33,6 +35,21 @@ class BackendEngine : public internal::CommEngine {
 
  protected:
   c10::intrusive_ptr<c10d::Backend> backend_;
+};
+
+// A comm kernel whose engine calls c10d::Backend itself (no ProcessGroup):
+// serves the backends this build has, and wraps each in an `Engine`.
+template <class Engine>
+class BackendComm final : public internal::CommKernel {
+ public:
+  internal::Support supports(const internal::CommCall& call) const override {
+    return internal::backend_available(call.backend);
+  }
+  std::unique_ptr<internal::CommEngine> wrap(c10::intrusive_ptr<c10d::Backend> backend,
+                                             c10::intrusive_ptr<c10d::Store> /*store*/,
+                                             int /*rank*/, int /*size*/) const override {
+    return std::make_unique<Engine>(std::move(backend));
+  }
 };
 
 const internal::CommKernel& compat_comm_kernel();

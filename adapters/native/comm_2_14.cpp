@@ -47,22 +47,10 @@ class CanonicalBackendEngine final : public BackendEngine {
   }
 };
 
-class NativeComm final : public internal::CommKernel {
- public:
-  internal::Support supports(const internal::CommCall& call) const override {
-    return internal::backend_available(call.backend);
-  }
-  std::unique_ptr<internal::CommEngine> wrap(c10::intrusive_ptr<c10d::Backend> backend,
-                                             c10::intrusive_ptr<c10d::Store> /*store*/,
-                                             int /*rank*/, int /*size*/) const override {
-    return std::make_unique<CanonicalBackendEngine>(std::move(backend));
-  }
-};
-
 }  // namespace
 
 const internal::CommKernel& native_comm_kernel() {
-  static const NativeComm kernel;
+  static const BackendComm<CanonicalBackendEngine> kernel;
   return kernel;
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <gtest/gtest.h>
 #include <keel/keel.h>
@@ -21,6 +22,17 @@ inline std::vector<Backend> adapters_in_build() {
 
 inline std::string adapter_name(const ::testing::TestParamInfo<Backend>& info) {
   return std::string(to_string(info.param));
+}
+
+// The reason `adapter` declines attention, or "" when it serves it (asked
+// with a one-element call; validation passes, so only dispatch can refuse).
+inline std::string attention_refusal(Backend adapter) {
+  const at::Tensor x = at::zeros({1, 1, 1, 8});
+  AttentionSpec probe;
+  probe.dispatch.backend = adapter;
+  auto r = attention(x, x, x, probe);
+  if (!r && r.error().code() == Errc::unsupported) return r.error().message();
+  return {};
 }
 
 // Why the CUDA variants of the suites cannot run here, or "" when they can:

@@ -153,11 +153,9 @@ class AttentionConformance : public ::testing::TestWithParam<Backend> {
     // so the bad-input table runs on every adapter.
     const std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
     if (name.rfind("BadInput", 0) == 0) return;
-    const at::Tensor x = at::zeros({1, 1, 1, 8});
-    AttentionSpec probe;
-    probe.dispatch.backend = GetParam();
-    auto r = attention(x, x, x, probe);
-    if (!r && r.error().code() == Errc::unsupported) GTEST_SKIP() << r.error().message();
+    if (const std::string why = testing::attention_refusal(GetParam()); !why.empty()) {
+      GTEST_SKIP() << why;
+    }
   }
   AttentionSpec on_adapter(AttentionSpec spec) const {
     spec.dispatch.backend = GetParam();
@@ -803,11 +801,9 @@ class DecodeConformance : public ::testing::TestWithParam<std::tuple<Backend, st
  protected:
   void SetUp() override {
     at::manual_seed(20261203);
-    AttentionSpec probe;
-    probe.dispatch.backend = std::get<0>(GetParam());
-    const at::Tensor x = at::zeros({1, 1, 1, 8});
-    auto r = attention(x, x, x, probe);
-    if (!r && r.error().code() == Errc::unsupported) GTEST_SKIP() << r.error().message();
+    if (const std::string why = testing::attention_refusal(std::get<0>(GetParam())); !why.empty()) {
+      GTEST_SKIP() << why;
+    }
   }
   const DecodeCase& the_case() const {
     for (const DecodeCase& c : decode_cases()) {
@@ -932,11 +928,9 @@ class MaskExtremes : public ::testing::TestWithParam<std::tuple<Backend, std::st
  protected:
   void SetUp() override {
     at::manual_seed(20261203);
-    AttentionSpec probe;
-    probe.dispatch.backend = std::get<0>(GetParam());
-    const at::Tensor x = at::zeros({1, 1, 1, 8});
-    auto r = attention(x, x, x, probe);
-    if (!r && r.error().code() == Errc::unsupported) GTEST_SKIP() << r.error().message();
+    if (const std::string why = testing::attention_refusal(std::get<0>(GetParam())); !why.empty()) {
+      GTEST_SKIP() << why;
+    }
   }
 };
 

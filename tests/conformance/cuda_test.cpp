@@ -145,11 +145,9 @@ class CudaConformance : public ::testing::TestWithParam<Backend> {
                                 name.rfind("BlockSparse", 0) == 0 ||
                                 name.rfind("SecondDevice", 0) == 0;
     if (!runs_attention) return;
-    const at::Tensor x = at::zeros({1, 1, 1, 8});
-    AttentionSpec probe;
-    probe.dispatch.backend = GetParam();
-    auto r = attention(x, x, x, probe);
-    if (!r && r.error().code() == Errc::unsupported) GTEST_SKIP() << r.error().message();
+    if (const std::string why = testing::attention_refusal(GetParam()); !why.empty()) {
+      GTEST_SKIP() << why;
+    }
   }
 };
 
