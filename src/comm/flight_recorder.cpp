@@ -1,5 +1,7 @@
 #include "comm/flight_recorder.h"
 
+#include <algorithm>
+
 #include <absl/time/time.h>
 #include <nlohmann/json.hpp>
 
@@ -21,13 +23,13 @@ void FlightRecorder::record(FlightEntry entry) {
 
 void FlightRecorder::finish(std::uint64_t seq, const std::string& state, const std::string& error) {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
-    if (it->seq != seq) continue;
-    it->state = state;
-    it->error = error;
-    it->end = std::chrono::system_clock::now();
-    return;
-  }
+  // The newest entry with this sequence number (a later one may reuse it).
+  const auto it = std::find_if(entries_.rbegin(), entries_.rend(),
+                               [&](const FlightEntry& e) { return e.seq == seq; });
+  if (it == entries_.rend()) return;
+  it->state = state;
+  it->error = error;
+  it->end = std::chrono::system_clock::now();
 }
 
 std::string FlightRecorder::json(const std::string& group, int rank, int size,
