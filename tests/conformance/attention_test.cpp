@@ -723,6 +723,32 @@ TEST_P(AttentionConformance, BadInputIsInvalidArgumentNamingTheArgument) {
 INSTANTIATE_TEST_SUITE_P(EveryAdapter, AttentionConformance,
                          ::testing::ValuesIn(testing::adapters_in_build()), testing::adapter_name);
 
+// A suite parameterised by (adapter, named case): seeded per test, skipped on
+// an adapter that declines attention; each case is named in the test's name.
+class AdapterAndCase : public ::testing::TestWithParam<std::tuple<Backend, std::string>> {
+ protected:
+  void SetUp() override {
+    at::manual_seed(20261203);
+    if (const std::string why = testing::attention_refusal(adapter()); !why.empty()) {
+      GTEST_SKIP() << why;
+    }
+  }
+  Backend adapter() const { return std::get<0>(GetParam()); }
+  const std::string& case_name() const { return std::get<1>(GetParam()); }
+};
+
+std::string adapter_and_case_name(
+    const ::testing::TestParamInfo<std::tuple<Backend, std::string>>& info) {
+  return std::string(to_string(std::get<0>(info.param))) + "_" + std::get<1>(info.param);
+}
+
+template <class Cases>
+std::vector<std::string> names_of(const Cases& cases) {
+  std::vector<std::string> names;
+  for (const auto& c : cases) names.emplace_back(c.name);
+  return names;
+}
+
 // Decode and speculative verification: a few queries (Lq <= 16) against a
 // cache, grouped-query heads, every mask a service uses, narrow caches. One
 // named case per shape; each seeds its own inputs.
@@ -797,22 +823,16 @@ const std::vector<DecodeCase>& decode_cases() {
   return cases;
 }
 
-class DecodeConformance : public ::testing::TestWithParam<std::tuple<Backend, std::string>> {
+class DecodeConformance : public AdapterAndCase {
  protected:
-  void SetUp() override {
-    at::manual_seed(20261203);
-    if (const std::string why = testing::attention_refusal(std::get<0>(GetParam())); !why.empty()) {
-      GTEST_SKIP() << why;
-    }
-  }
   const DecodeCase& the_case() const {
     for (const DecodeCase& c : decode_cases()) {
-      if (c.name == std::get<1>(GetParam())) return c;
+      if (c.name == case_name()) return c;
     }
-    throw std::logic_error("no decode case " + std::get<1>(GetParam()));
+    throw std::logic_error("no decode case " + case_name());
   }
   AttentionOutput run(const Qkv& x, AttentionSpec spec) const {
-    spec.dispatch.backend = std::get<0>(GetParam());
+    spec.dispatch.backend = adapter();
     auto r = attention(x.q, x.k, x.v, spec);
     EXPECT_TRUE(r) << r.error().to_string();
     if (!r) return {};
@@ -863,19 +883,10 @@ TEST_P(DecodeConformance, GradientsMatchReferenceAutograd) {
   }
 }
 
-std::vector<std::string> decode_case_names() {
-  std::vector<std::string> names;
-  for (const DecodeCase& c : decode_cases()) names.emplace_back(c.name);
-  return names;
-}
-
-INSTANTIATE_TEST_SUITE_P(
-    EveryAdapter, DecodeConformance,
-    ::testing::Combine(::testing::ValuesIn(testing::adapters_in_build()),
-                       ::testing::ValuesIn(decode_case_names())),
-    [](const ::testing::TestParamInfo<std::tuple<Backend, std::string>>& info) {
-      return std::string(to_string(std::get<0>(info.param))) + "_" + std::get<1>(info.param);
-    });
+INSTANTIATE_TEST_SUITE_P(EveryAdapter, DecodeConformance,
+                         ::testing::Combine(::testing::ValuesIn(testing::adapters_in_build()),
+                                            ::testing::ValuesIn(names_of(decode_cases()))),
+                         adapter_and_case_name);
 
 // Every integer of a mask spec at its extremes (0, 1, Lk - 1, Lk, Lk + 1,
 // INT64_MAX, and negatives), for decode (Lq = 5) and training (Lq = 40)
@@ -924,21 +935,12 @@ std::vector<ExtremeCase> extreme_cases() {
   return cases;
 }
 
-class MaskExtremes : public ::testing::TestWithParam<std::tuple<Backend, std::string>> {
- protected:
-  void SetUp() override {
-    at::manual_seed(20261203);
-    if (const std::string why = testing::attention_refusal(std::get<0>(GetParam())); !why.empty()) {
-      GTEST_SKIP() << why;
-    }
-  }
-};
+class MaskExtremes : public AdapterAndCase {};
 
 TEST_P(MaskExtremes, DefinedMeaningOrInvalidArgument) {
-  const std::string& name = std::get<1>(GetParam());
   const std::vector<ExtremeCase> cases = extreme_cases();
   const auto it = std::find_if(cases.begin(), cases.end(),
-                               [&](const ExtremeCase& c) { return c.name == name; });
+                               [&](const ExtremeCase& c) { return c.name == case_name(); });
   ASSERT_NE(it, cases.end());
   for (std::int64_t lq : {5, 40}) {
     SCOPED_TRACE(::testing::Message() << "Lq " << lq);
@@ -948,7 +950,7 @@ TEST_P(MaskExtremes, DefinedMeaningOrInvalidArgument) {
     const Qkv x = make_qkv(s);
     AttentionSpec spec = with_masks({it->mask});
     spec.return_lse = true;
-    spec.dispatch.backend = std::get<0>(GetParam());
+    spec.dispatch.backend = adapter();
     auto r = attention(x.q, x.k, x.v, spec);
     if (!it->valid) {
       ASSERT_FALSE(r);
@@ -960,19 +962,10 @@ TEST_P(MaskExtremes, DefinedMeaningOrInvalidArgument) {
   }
 }
 
-std::vector<std::string> extreme_case_names() {
-  std::vector<std::string> names;
-  for (const ExtremeCase& c : extreme_cases()) names.push_back(c.name);
-  return names;
-}
-
-INSTANTIATE_TEST_SUITE_P(
-    EveryAdapter, MaskExtremes,
-    ::testing::Combine(::testing::ValuesIn(testing::adapters_in_build()),
-                       ::testing::ValuesIn(extreme_case_names())),
-    [](const ::testing::TestParamInfo<std::tuple<Backend, std::string>>& info) {
-      return std::string(to_string(std::get<0>(info.param))) + "_" + std::get<1>(info.param);
-    });
+INSTANTIATE_TEST_SUITE_P(EveryAdapter, MaskExtremes,
+                         ::testing::Combine(::testing::ValuesIn(testing::adapters_in_build()),
+                                            ::testing::ValuesIn(names_of(extreme_cases()))),
+                         adapter_and_case_name);
 
 }  // namespace
 }  // namespace keel
