@@ -148,6 +148,7 @@ at::Tensor cache_matmul(const at::Tensor& a, const at::Tensor& cache, bool keys_
     return at::matmul(x, keys_are_columns ? c.transpose(-1, -2) : c);
   };
   if (cache.scalar_type() == acc) return product(a, cache);
+  if (cache.numel() == 0) return product(a, cache.to(acc));  // no elements to pace
   const std::int64_t keys = cache.size(-2);
   const std::int64_t step = std::max<std::int64_t>(16, kConvertElements * keys / cache.numel());
   std::vector<at::Tensor> parts;
