@@ -1,11 +1,16 @@
 #include "decode_attention.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <optional>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include "attention_mask.h"
 #include "row_softmax.h"
@@ -50,6 +55,16 @@ AttentionSpec batch_slice(const AttentionSpec& spec, std::int64_t b, std::int64_
   return s;
 }
 
+// One side of the cache (keys or values) as the kernel reads it: a
+// contiguous [B, Hkv, Lk, X] tensor, or a pool of pages [P, Hkv, page_size,
+// X] and one sequence's page ids (key j is row j % page_size of page
+// pages[j / page_size]).
+struct CacheSide {
+  const at::Tensor& t;
+  const std::int64_t* pages = nullptr;
+  std::int64_t page_size = 0;
+};
+
 // The keys [lo, hi) that some query of the sequence may see, and whether
 // every query sees all of them.
 struct KeyRange {
@@ -62,22 +77,24 @@ struct KeyRange {
 // are an interval per query (causal, sliding window, key padding) combined
 // with all_of: exact, so that a single query (Lq = 1) never needs a mask.
 // Empty (no value) when another term or any_of needs the block classifier.
-std::optional<KeyRange> interval_range(const AttentionSpec& spec, const MaskGeometry& g) {
+// Over queries [q0, q0 + rows).
+std::optional<KeyRange> interval_range(const AttentionSpec& spec, const MaskGeometry& g,
+                                       std::int64_t q0, std::int64_t rows) {
   if (spec.combine != MaskCombine::all_of && spec.masks.size() > 1) return std::nullopt;
   KeyRange r{0, g.kv_len, true};
   for (const Mask& m : spec.masks) {
-    const std::int64_t p0 = query_offset(m.alignment, g);  // first query's position
-    const std::int64_t p1 = p0 + g.q_len - 1;              // last query's position
+    const std::int64_t p0 = query_offset(m.alignment, g) + q0;  // first query's position
+    const std::int64_t p1 = p0 + rows - 1;                      // last query's position
     switch (m.kind) {
       case MaskKind::causal:
         r.hi = std::min(r.hi, p1 + 1);
-        r.full = r.full && g.q_len == 1;
+        r.full = r.full && rows == 1;
         break;
       case MaskKind::sliding_window:
         // The core saturates the window to Lq + Lk: no overflow here.
         r.lo = std::max(r.lo, p0 - m.window_left);
         r.hi = std::min(r.hi, p1 + m.window_right + 1);
-        r.full = r.full && g.q_len == 1;
+        r.full = r.full && rows == 1;
         break;
       case MaskKind::key_padding:
         r.hi = std::min(r.hi, m.kv_lengths.item<std::int64_t>());
@@ -90,23 +107,22 @@ std::optional<KeyRange> interval_range(const AttentionSpec& spec, const MaskGeom
   return r;
 }
 
-// The hull of the visible key blocks, from the block classifier.
-KeyRange classified_range(const AttentionSpec& spec, const MaskGeometry& g) {
-  const BlockClasses c = classify_blocks(spec, g, at::kCPU, g.q_len, kKeyBlock);
+// The hull of the key blocks visible from query block `qb` of `c`.
+KeyRange classified_range(const BlockClasses& c, std::int64_t qb, std::int64_t kv_len) {
   const auto visible = c.visible.accessor<bool, 2>();
   const auto full = c.full.accessor<bool, 2>();
   const std::int64_t blocks = c.visible.size(1);
   std::int64_t first = -1;
   std::int64_t last = -1;
   for (std::int64_t kb = 0; kb < blocks; ++kb) {
-    if (!visible[0][kb]) continue;
+    if (!visible[qb][kb]) continue;
     if (first < 0) first = kb;
     last = kb;
   }
   if (first < 0) return {};
   bool all_full = true;
-  for (std::int64_t kb = first; kb <= last; ++kb) all_full = all_full && full[0][kb];
-  return {first * kKeyBlock, std::min(g.kv_len, (last + 1) * kKeyBlock), all_full};
+  for (std::int64_t kb = first; kb <= last; ++kb) all_full = all_full && full[qb][kb];
+  return {first * kKeyBlock, std::min(kv_len, (last + 1) * kKeyBlock), all_full};
 }
 
 // Whether the visible keys are the same for every sequence of the batch:
@@ -136,34 +152,130 @@ bool same_for_every_sequence(const AttentionSpec& spec, std::int64_t batch) {
   return true;
 }
 
-// In `acc`, with `cache` [..., keys, D] a view of the cache:
-//   scores (keys_are_columns): a [..., M, D] @ cache^T -> [..., M, keys];
-//   output:                    a [..., M, keys] @ cache -> [..., M, D].
-// A narrow (16-bit) cache is converted about kConvertElements elements at a
-// time, in its own layout (a converted slice is contiguous, the transpose a
-// view), never as a whole.
-at::Tensor cache_matmul(const at::Tensor& a, const at::Tensor& cache, bool keys_are_columns,
+// Rows of `x` elements of a cache in `D` (float or double): `rows` rows at
+// `src`, `row_stride` apart, `elem_stride` between elements, into `dst`,
+// one row after the other.
+template <typename S, typename D>
+void widen_rows(const S* src, std::int64_t row_stride, std::int64_t elem_stride, D* dst,
+                std::int64_t rows, std::int64_t x) {
+  for (std::int64_t r = 0; r < rows; ++r, src += row_stride, dst += x) {
+    if (elem_stride == 1) {
+      if constexpr (std::is_same_v<S, at::BFloat16> && std::is_same_v<D, float>) {
+        // bfloat16 is the top half of a float32: a shift, which vectorises
+        // (ATen's own conversion ran at about 1.3 GB/s here).
+        const auto* bits = reinterpret_cast<const std::uint16_t*>(src);
+        for (std::int64_t e = 0; e < x; ++e) {
+          const std::uint32_t wide = static_cast<std::uint32_t>(bits[e]) << 16;
+          std::memcpy(dst + e, &wide, sizeof wide);
+        }
+      } else {
+        for (std::int64_t e = 0; e < x; ++e) dst[e] = static_cast<D>(src[e]);
+      }
+    } else {
+      for (std::int64_t e = 0; e < x; ++e) dst[e] = static_cast<D>(src[e * elem_stride]);
+    }
+  }
+}
+
+// Keys [k0, k0 + n) of sequences [b0, b0 + nb) of `side` into `dst`, a
+// contiguous [nb, Hkv, n, X] buffer of D: read where they lie (contiguous
+// rows, or the rows of each page the sequence's table names).
+template <typename S, typename D>
+void fill_tile(const CacheSide& side, std::int64_t b0, std::int64_t nb, std::int64_t k0,
+               std::int64_t n, D* dst) {
+  const at::Tensor& t = side.t;
+  const S* base = t.data_ptr<S>();
+  const std::int64_t heads = t.size(1);
+  const std::int64_t x = t.size(3);
+  const std::int64_t s0 = t.stride(0);
+  const std::int64_t s1 = t.stride(1);
+  const std::int64_t s2 = t.stride(2);
+  const std::int64_t s3 = t.stride(3);
+  for (std::int64_t b = 0; b < nb; ++b) {
+    for (std::int64_t h = 0; h < heads; ++h) {
+      D* out = dst + (b * heads + h) * n * x;
+      if (side.pages == nullptr) {
+        widen_rows(base + (b0 + b) * s0 + h * s1 + k0 * s2, s2, s3, out, n, x);
+        continue;
+      }
+      for (std::int64_t j = k0; j < k0 + n;) {
+        const std::int64_t page = side.pages[j / side.page_size];
+        const std::int64_t row = j % side.page_size;
+        const std::int64_t m = std::min(side.page_size - row, k0 + n - j);
+        widen_rows(base + page * s0 + h * s1 + row * s2, s2, s3, out + (j - k0) * x, m, x);
+        j += m;
+      }
+    }
+  }
+}
+
+void fill_tile(const CacheSide& side, std::int64_t b0, std::int64_t nb, std::int64_t k0,
+               std::int64_t n, at::Tensor& dst) {
+  const bool wide = dst.scalar_type() == at::kDouble;
+  switch (side.t.scalar_type()) {
+    case at::kDouble:
+      return fill_tile<double>(side, b0, nb, k0, n, dst.data_ptr<double>());
+    case at::kFloat:
+      if (wide) return fill_tile<float>(side, b0, nb, k0, n, dst.data_ptr<double>());
+      return fill_tile<float>(side, b0, nb, k0, n, dst.data_ptr<float>());
+    case at::kBFloat16:
+      return fill_tile<at::BFloat16>(side, b0, nb, k0, n, dst.data_ptr<float>());
+    case at::kHalf:
+      return fill_tile<at::Half>(side, b0, nb, k0, n, dst.data_ptr<float>());
+    default:
+      throw std::invalid_argument("decode_attention: a cache of dtype " +
+                                  std::string(c10::toString(side.t.scalar_type())));
+  }
+}
+
+// In `acc`, over keys [lo, lo + len) of sequences [b0, b0 + nb) of `side`:
+//   scores (keys_are_columns): a [nb, Hkv, M, E] @ keys^T -> [nb, Hkv, M, len];
+//   output:                    a [nb, Hkv, M, len] @ values -> [nb, Hkv, M, Ev].
+// A contiguous cache in `acc` is one product over a view of it. Otherwise
+// (pages, a narrow dtype) the keys go through a tile of about
+// kConvertElements elements, filled where they lie and reused, never a copy
+// of the whole range; a narrow cache that autograd must reach is converted
+// by ATen, a slice at a time, on the graph.
+at::Tensor cache_matmul(const at::Tensor& a, const CacheSide& side, std::int64_t b0,
+                        std::int64_t nb, std::int64_t lo, std::int64_t len, bool keys_are_columns,
                         at::ScalarType acc) {
   const auto product = [&](const at::Tensor& x, const at::Tensor& c) {
     return at::matmul(x, keys_are_columns ? c.transpose(-1, -2) : c);
   };
-  if (cache.scalar_type() == acc) return product(a, cache);
-  if (cache.numel() == 0) return product(a, cache.to(acc));  // no elements to pace
-  const std::int64_t keys = cache.size(-2);
-  const std::int64_t step = std::max<std::int64_t>(16, kConvertElements * keys / cache.numel());
+  const std::int64_t heads = side.t.size(1);
+  const std::int64_t x = side.t.size(3);
+  if (side.pages == nullptr) {
+    const at::Tensor view = side.t.narrow(0, b0, nb).narrow(2, lo, len);
+    if (view.scalar_type() == acc) return product(a, view);
+    if (view.numel() == 0) return product(a, view.to(acc));  // no elements to pace
+  }
+  const bool on_graph =
+      side.pages == nullptr && at::GradMode::is_enabled() && side.t.requires_grad();
+  const std::int64_t step =
+      std::max<std::int64_t>(16, kConvertElements / std::max<std::int64_t>(1, nb * heads * x));
+  at::Tensor tile;
   std::vector<at::Tensor> parts;
   at::Tensor sum;
-  for (std::int64_t k0 = 0; k0 < keys; k0 += step) {
-    const std::int64_t n = std::min(step, keys - k0);
-    const at::Tensor slice = cache.narrow(-2, k0, n).to(acc);
-    if (keys_are_columns) {
-      parts.push_back(product(a, slice));  // the scores of these keys
+  for (std::int64_t k0 = 0; k0 < len; k0 += step) {
+    const std::int64_t n = std::min(step, len - k0);
+    at::Tensor keys;
+    if (on_graph) {
+      keys = side.t.narrow(0, b0, nb).narrow(2, lo + k0, n).to(acc);
     } else {
-      const at::Tensor part = product(a.narrow(-1, k0, n), slice);  // their share of the output
+      if (!tile.defined() || tile.size(2) != n)
+        tile = at::empty({nb, heads, n, x}, a.options().dtype(acc));
+      fill_tile(side, b0, nb, lo + k0, n, tile);
+      keys = tile;
+    }
+    if (keys_are_columns) {
+      parts.push_back(product(a, keys));  // the scores of these keys
+    } else {
+      const at::Tensor part = product(a.narrow(-1, k0, n), keys);  // their share of the output
       sum = sum.defined() ? sum + part : part;
     }
   }
-  return keys_are_columns ? at::cat(parts, -1) : sum;
+  if (!keys_are_columns) return sum;
+  return parts.size() == 1 ? parts[0] : at::cat(parts, -1);
 }
 
 }  // namespace
@@ -172,74 +284,160 @@ bool decode_serves(const at::Tensor& q, const at::Tensor& k) {
   return q.device().is_cpu() && q.size(2) >= 1 && q.size(2) <= kDecodeMaxQueries && k.size(2) >= 1;
 }
 
-BlockSparseResult decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                   const AttentionSpec& spec, double scale) {
-  const at::ScalarType acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const std::int64_t batch = q.size(0);
-  const std::int64_t q_heads = q.size(1);
-  const std::int64_t q_len = q.size(2);
-  const std::int64_t kv_heads = k.size(1);
-  const std::int64_t kv_len = k.size(2);
-  const std::int64_t head_dim = q.size(3);
-  const std::int64_t value_dim = v.size(3);
-  const std::int64_t group = q_heads / kv_heads;
-  const at::TensorOptions acc_options = q.options().dtype(acc);
-  // The scale is folded into q; query head h reads kv head h / group, so the
-  // group's queries are the rows [group * Lq] of one product with that head.
-  const at::Tensor qs = q.to(acc) * scale;
+// the batch narrowed to b, and every key-indexed tensor (document ids,
+// boolean mask, bias) narrowed from the table's `logical_len` keys to `len`.
+AttentionSpec paged_sequence_spec(const AttentionSpec& spec, std::int64_t b, std::int64_t batch,
+                                  std::int64_t len, std::int64_t logical_len) {
+  AttentionSpec s = batch_slice(spec, b, batch);
+  const auto narrow_keys = [&](at::Tensor& t) {
+    if (t.defined() && t.dim() > 0 && t.size(-1) == logical_len && logical_len != 1) {
+      t = t.narrow(-1, 0, len);
+    }
+  };
+  for (Mask& m : s.masks) {
+    narrow_keys(m.kv_document_ids);
+    narrow_keys(m.tensor);
+  }
+  narrow_keys(s.bias);
+  return s;
+}
 
-  // Sequences [b0, b0 + nb) that see the same keys, as one batched product.
-  double read = 0;
-  at::Tensor anchor;
-  const auto attend = [&](std::int64_t b0, std::int64_t nb, const AttentionSpec& sb,
-                          std::vector<at::Tensor>& outs, std::vector<at::Tensor>& lses) {
-    const MaskGeometry g{nb, q_heads, q_len, kv_len};
-    const std::optional<KeyRange> exact = interval_range(sb, g);
-    const KeyRange range = exact ? *exact : classified_range(sb, g);
+namespace {
+
+// One call's queries and the state its sequences share.
+class Attend {
+ public:
+  Attend(const at::Tensor& q, std::int64_t kv_heads, std::int64_t value_dim, double scale)
+      : q_(q),
+        acc_(q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat),
+        q_heads_(q.size(1)),
+        q_len_(q.size(2)),
+        kv_heads_(kv_heads),
+        value_dim_(value_dim),
+        group_(q.size(1) / kv_heads),
+        // The scale is folded into q; query head h reads kv head h / group,
+        // so the group's queries are the rows of one product with that head.
+        qs_(q.to(acc_) * scale) {}
+
+  // Sequences [b0, b0 + nb) of q, which see the same keys under `sb`,
+  // against sequences [c0, c0 + nb) of the cache (kv_len keys each), one
+  // block of at most kDecodeMaxQueries queries at a time.
+  void sequences(std::int64_t b0, std::int64_t nb, const CacheSide& k, const CacheSide& v,
+                 std::int64_t c0, std::int64_t kv_len, const AttentionSpec& sb,
+                 const at::Tensor& anchor_of_nothing) {
+    const MaskGeometry g{nb, q_heads_, q_len_, kv_len};
+    BlockClasses classes;
+    std::vector<at::Tensor> outs;
+    std::vector<at::Tensor> lses;
+    for (std::int64_t q0 = 0; q0 < q_len_; q0 += kDecodeMaxQueries) {
+      const std::int64_t rows = std::min(kDecodeMaxQueries, q_len_ - q0);
+      std::optional<KeyRange> range = interval_range(sb, g, q0, rows);
+      if (!range) {
+        if (!classes.visible.defined()) {
+          classes = classify_blocks(sb, g, at::kCPU, kDecodeMaxQueries, kKeyBlock);
+        }
+        range = classified_range(classes, q0 / kDecodeMaxQueries, kv_len);
+      }
+      block(b0, nb, q0, rows, k, v, c0, g, *range, sb, anchor_of_nothing, outs, lses);
+    }
+    outs_.push_back(outs.size() == 1 ? outs[0] : at::cat(outs, 2));
+    lses_.push_back(lses.size() == 1 ? lses[0] : at::cat(lses, 2));
+  }
+
+  // `keys` is the number of keys the cache holds, over every sequence.
+  BlockSparseResult result(std::int64_t keys) && {
+    BlockSparseResult r;
+    r.out = (outs_.size() == 1 ? outs_[0] : at::cat(outs_, 0)).to(q_.scalar_type());
+    r.lse = lses_.size() == 1 ? lses_[0] : at::cat(lses_, 0);
+    // Each block of queries reads the cache again.
+    const std::int64_t blocks = block_count(q_len_, kDecodeMaxQueries);
+    r.visible_fraction = keys > 0 ? read_ / static_cast<double>(keys * blocks) : 0.0;
+    return r;
+  }
+
+ private:
+  void block(std::int64_t b0, std::int64_t nb, std::int64_t q0, std::int64_t rows,
+             const CacheSide& k, const CacheSide& v, std::int64_t c0, const MaskGeometry& g,
+             const KeyRange& range, const AttentionSpec& sb, const at::Tensor& anchor_of_nothing,
+             std::vector<at::Tensor>& outs, std::vector<at::Tensor>& lses) {
+    const at::TensorOptions options = q_.options().dtype(acc_);
     const std::int64_t len = range.hi - range.lo;
     if (len <= 0) {
       // Nothing visible: output 0 and lse -inf, still on the graph.
-      if (!anchor.defined()) anchor = zero_tied_to_inputs(qs, k, v, spec).to(acc);
-      outs.push_back(at::zeros({nb, q_heads, q_len, value_dim}, acc_options) + anchor);
-      lses.push_back(at::full({nb, q_heads, q_len}, kMinusInf, acc_options));
+      outs.push_back(at::zeros({nb, q_heads_, rows, value_dim_}, options) +
+                     anchor_of_nothing.to(acc_));
+      lses.push_back(at::full({nb, q_heads_, rows}, kMinusInf, options));
       return;
     }
-    read += static_cast<double>(nb * len);
-    // Views of the cache: [nb, Hkv, len, E] and [nb, Hkv, len, Ev].
-    const at::Tensor kb = k.narrow(0, b0, nb).narrow(2, range.lo, len);
-    const at::Tensor vb = v.narrow(0, b0, nb).narrow(2, range.lo, len);
-    const at::Tensor qg = qs.narrow(0, b0, nb).reshape({nb, kv_heads, group * q_len, head_dim});
-
-    at::Tensor s =
-        cache_matmul(qg, kb, /*keys_are_columns=*/true, acc).view({nb, q_heads, q_len, len});
-    if (spec.softcap > 0) s = (s / spec.softcap).tanh() * spec.softcap;
+    read_ += static_cast<double>(nb * len);
+    const at::Tensor qg = qs_.narrow(0, b0, nb)
+                              .narrow(2, q0, rows)
+                              .reshape({nb, kv_heads_, group_ * rows, qs_.size(3)});
+    at::Tensor s = cache_matmul(qg, k, c0, nb, range.lo, len, /*keys_are_columns=*/true, acc_)
+                       .view({nb, q_heads_, rows, len});
+    if (sb.softcap > 0) s = (s / sb.softcap).tanh() * sb.softcap;
     if (sb.alibi_slopes.defined() || sb.bias.defined() || !range.full) {
-      const at::Tensor keys = at::arange(range.lo, range.hi, q.options().dtype(at::kLong));
-      s = add_score_modifiers(s, sb, 0, q_len, keys, q_len, kv_len);
+      const at::Tensor keys = at::arange(range.lo, range.hi, q_.options().dtype(at::kLong));
+      s = add_score_modifiers(s, sb, q0, rows, keys, g.q_len, g.kv_len);
       if (!range.full) {
-        s = s.masked_fill(materialize_tile(sb, g, 0, q_len, keys).logical_not(), kMinusInf);
+        s = s.masked_fill(materialize_tile(sb, g, q0, rows, keys).logical_not(), kMinusInf);
       }
     }
     const RowSoftmax p = row_softmax(s);
-    const at::Tensor w = p.weights_unnormalised.reshape({nb, kv_heads, group * q_len, len});
-    const at::Tensor o =
-        cache_matmul(w, vb, /*keys_are_columns=*/false, acc).view({nb, q_heads, q_len, value_dim});
+    const at::Tensor w = p.weights_unnormalised.reshape({nb, kv_heads_, group_ * rows, len});
+    const at::Tensor o = cache_matmul(w, v, c0, nb, range.lo, len, /*keys_are_columns=*/false, acc_)
+                             .view({nb, q_heads_, rows, value_dim_});
     outs.push_back(o / p.denominator);
     lses.push_back(p.lse.squeeze(-1));
-  };
-
-  std::vector<at::Tensor> outs;
-  std::vector<at::Tensor> lses;
-  if (same_for_every_sequence(spec, batch)) {
-    attend(0, batch, spec, outs, lses);
-  } else {
-    for (std::int64_t b = 0; b < batch; ++b) attend(b, 1, batch_slice(spec, b, batch), outs, lses);
   }
-  BlockSparseResult result;
-  result.out = (outs.size() == 1 ? outs[0] : at::cat(outs, 0)).to(q.scalar_type());
-  result.lse = lses.size() == 1 ? lses[0] : at::cat(lses, 0);
-  result.visible_fraction = read / static_cast<double>(batch * kv_len);
-  return result;
+
+  const at::Tensor& q_;
+  at::ScalarType acc_;
+  std::int64_t q_heads_, q_len_, kv_heads_, value_dim_, group_;
+  at::Tensor qs_;
+  std::vector<at::Tensor> outs_;
+  std::vector<at::Tensor> lses_;
+  double read_ = 0;
+};
+
+}  // namespace
+
+BlockSparseResult decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const AttentionSpec& spec, double scale) {
+  const std::int64_t batch = q.size(0);
+  const std::int64_t kv_len = k.size(2);
+  Attend attend(q, k.size(1), v.size(3), scale);
+  const CacheSide ks{k};
+  const CacheSide vs{v};
+  const at::Tensor nothing = zero_tied_to_inputs(q, k, v, spec);
+  if (same_for_every_sequence(spec, batch)) {
+    attend.sequences(0, batch, ks, vs, 0, kv_len, spec, nothing);
+  } else {
+    for (std::int64_t b = 0; b < batch; ++b) {
+      attend.sequences(b, 1, ks, vs, b, kv_len, batch_slice(spec, b, batch), nothing);
+    }
+  }
+  return std::move(attend).result(batch * kv_len);
+}
+
+BlockSparseResult paged_attention(const at::Tensor& q, const PagedKVCache& cache,
+                                  const AttentionSpec& spec, double scale) {
+  const std::int64_t batch = q.size(0);
+  const std::int64_t page_size = cache.k_pages.size(2);
+  const at::Tensor table = cache.page_table.to(at::kCPU, at::kLong).contiguous();
+  const at::Tensor lengths = cache.lengths.to(at::kCPU, at::kLong).contiguous();
+  const std::int64_t logical_len = table.size(1) * page_size;
+  Attend attend(q, cache.k_pages.size(1), cache.v_pages.size(3), scale);
+  const at::Tensor nothing = at::zeros({}, q.options());  // paged attention is off the graph
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t* pages = table.data_ptr<std::int64_t>() + b * table.size(1);
+    const CacheSide ks{cache.k_pages, pages, page_size};
+    const CacheSide vs{cache.v_pages, pages, page_size};
+    const std::int64_t len = lengths.data_ptr<std::int64_t>()[b];
+    attend.sequences(b, 1, ks, vs, 0, len, paged_sequence_spec(spec, b, batch, len, logical_len),
+                     nothing);
+  }
+  return std::move(attend).result(lengths.sum().item<std::int64_t>());
 }
 
 }  // namespace keel::compat

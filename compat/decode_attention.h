@@ -1,12 +1,13 @@
 // keel's decode kernel: a few queries (Lq <= kDecodeMaxQueries: one decode
 // step, or speculative verification) against a long key/value cache, where
-// the cost is reading the cache. For each sequence it reads only the keys the
+// the cost is reading the cache, contiguous or paged. For each sequence it reads only the keys the
 // mask leaves visible (a window, a key-padding length, a document), and each
 // key/value head once for its whole group of query heads: the queries of a
 // group are the rows of one matrix product with that head's keys, so
 // grouped-query caches are never expanded and never copied (a narrow cache,
-// bfloat16 or float16, is converted a bounded slice at a time). Plain ATen
-// ops, differentiable through autograd; every score modifier and mask kind.
+// bfloat16 or float16, is widened a bounded tile at a time). Plain ATen
+// ops around keel's tile fill, differentiable through autograd on a
+// contiguous cache; every score modifier and mask kind.
 #pragma once
 
 #include <cstdint>
@@ -30,5 +31,19 @@ bool decode_serves(const at::Tensor& q, const at::Tensor& k);
 // `kernel_calls` stays -1 (no call of libtorch's flash kernel).
 BlockSparseResult decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const AttentionSpec& spec, double scale);
+
+// Sequence b of a paged call, as the contiguous call on its own `len` keys:
+// the batch narrowed to b, and every key-indexed tensor (document ids,
+// boolean mask, bias) narrowed from the table's `logical_len` keys to `len`.
+AttentionSpec paged_sequence_spec(const AttentionSpec& spec, std::int64_t b, std::int64_t batch,
+                                  std::int64_t len, std::int64_t logical_len);
+
+// Attention against a paged cache (CPU, any Lq: queries go in blocks of
+// kDecodeMaxQueries, each reading the visible keys of its sequence once):
+// each sequence as the contiguous call on its own `lengths[b]` keys, its
+// pages read where they lie through a bounded tile. Off the autograd graph
+// (keel::attention refuses a paged call that autograd must reach).
+BlockSparseResult paged_attention(const at::Tensor& q, const PagedKVCache& cache,
+                                  const AttentionSpec& spec, double scale);
 
 }  // namespace keel::compat

@@ -4,12 +4,14 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <limits>
 #include <string>
 #include <utility>
 
 #include <ATen/ATen.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
+#include <c10/core/GradMode.h>
 
 #include "attention_mask.h"
 #include "dispatch/attention.h"
@@ -274,6 +276,9 @@ result<void> check_mask(const Mask& m, std::size_t index, const Dims& d, const a
   return invalid(absl::StrCat(at, ".kind is ", static_cast<int>(m.kind), ", not a MaskKind"));
 }
 
+// The spec against the call's shapes; the resolved scale.
+result<double> validate_spec(const at::Tensor& q, const AttentionSpec& spec, const Dims& d);
+
 result<double> validate(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                         const AttentionSpec& spec) {
   const std::pair<const char*, const at::Tensor*> qkv[] = {
@@ -320,6 +325,10 @@ result<double> validate(const at::Tensor& q, const at::Tensor& k, const at::Tens
     return invalid(absl::StrCat("key has head dim ", k.size(3), " but query has ", d.head_dim,
                                 "; expected equal (E)"));
   }
+  return validate_spec(q, spec, d);
+}
+
+result<double> validate_spec(const at::Tensor& q, const AttentionSpec& spec, const Dims& d) {
   if (!std::isfinite(spec.scale)) {
     return invalid(absl::StrCat("spec.scale is ", spec.scale, "; expected a finite number"));
   }
@@ -363,6 +372,123 @@ result<double> validate(const at::Tensor& q, const at::Tensor& k, const at::Tens
   return spec.scale > 0 ? spec.scale : 1.0 / std::sqrt(static_cast<double>(d.head_dim));
 }
 
+// A tensor of exactly `rank` dims and an integer dtype, on the CPU or q's
+// device (it is read on the host).
+result<void> check_host_index(const char* name, const at::Tensor& t, std::int64_t rank,
+                              const std::string& want, const at::Tensor& q) {
+  if (!t.defined() || !is_integer(t.scalar_type()) || t.dim() != rank) {
+    return invalid(absl::StrCat(name, " is ",
+                                t.defined()
+                                    ? absl::StrCat(c10::toString(t.scalar_type()), " ", shape_of(t))
+                                    : std::string("undefined"),
+                                "; expected an integer tensor ", want));
+  }
+  if (!t.device().is_cpu() && t.device() != q.device()) {
+    return invalid(absl::StrCat(name, " is on ", t.device().str(),
+                                "; expected the CPU or the query's device, ", q.device().str()));
+  }
+  return success();
+}
+
+// A paged call: the query and the pools as validate() checks q, k and v; the
+// table and the lengths read on the host, so that no page id or length is
+// used before it is checked; then the spec over the table's key positions.
+result<double> validate_paged(const at::Tensor& q, const PagedKVCache& c,
+                              const AttentionSpec& spec) {
+  const std::pair<const char*, const at::Tensor*> tensors[] = {
+      {"query", &q}, {"cache.k_pages", &c.k_pages}, {"cache.v_pages", &c.v_pages}};
+  for (const auto& [name, t] : tensors) {
+    if (!t->defined()) return invalid(absl::StrCat(name, " is an undefined tensor"));
+    if (t->dim() != 4) {
+      return invalid(absl::StrCat(name, " has rank ", t->dim(), " (shape ", shape_of(*t),
+                                  "); expected rank 4 (query [B, Hq, Lq, E], pages [P, Hkv, "
+                                  "page_size, E])"));
+    }
+    if (t->scalar_type() != q.scalar_type() || !is_float(t->scalar_type())) {
+      return invalid(absl::StrCat(name, " has dtype ", c10::toString(t->scalar_type()),
+                                  "; expected float16, bfloat16, float32 or float64, the same "
+                                  "for the query and both pools"));
+    }
+    result<void> dev = check_device(name, *t, q);
+    if (!dev) return dev.error();
+  }
+  const at::Tensor& kp = c.k_pages;
+  const at::Tensor& vp = c.v_pages;
+  if (vp.size(0) != kp.size(0) || vp.size(1) != kp.size(1) || vp.size(2) != kp.size(2)) {
+    return invalid(absl::StrCat("cache.v_pages has shape ", shape_of(vp), " and cache.k_pages ",
+                                shape_of(kp), "; expected the same pages, heads and page size"));
+  }
+  const std::int64_t pages = kp.size(0);
+  const std::int64_t page_size = kp.size(2);
+  const Dims shape{q.size(0), q.size(1), kp.size(1), q.size(2), 0, q.size(3), vp.size(3)};
+  if (page_size == 0) return invalid("cache.k_pages has page size 0; expected >= 1");
+  if (shape.kv_heads == 0 || shape.q_heads % shape.kv_heads != 0) {
+    return invalid(absl::StrCat("cache.k_pages has ", shape.kv_heads,
+                                " heads, which does not divide the query's ", shape.q_heads,
+                                " (grouped-query attention needs Hq % Hkv == 0)"));
+  }
+  if (kp.size(3) != shape.head_dim) {
+    return invalid(absl::StrCat("cache.k_pages has head dim ", kp.size(3), " but query has ",
+                                shape.head_dim, "; expected equal (E)"));
+  }
+  const std::string rows = absl::StrCat("[", shape.batch, ", max_pages]");
+  result<void> ok = check_host_index("cache.page_table", c.page_table, 2, rows, q);
+  if (ok && c.page_table.size(0) != shape.batch) {
+    ok = invalid(absl::StrCat("cache.page_table has shape ", shape_of(c.page_table), "; expected ",
+                              rows, " (one row per sequence)"));
+  }
+  if (ok)
+    ok = check_host_index("cache.lengths", c.lengths, 1, absl::StrCat("[", shape.batch, "]"), q);
+  if (ok && c.lengths.size(0) != shape.batch) {
+    ok = invalid(absl::StrCat("cache.lengths has shape ", shape_of(c.lengths), "; expected [",
+                              shape.batch, "] (one length per sequence)"));
+  }
+  if (!ok) return ok.error();
+  const std::int64_t max_pages = c.page_table.size(1);
+  if (max_pages > std::numeric_limits<std::int64_t>::max() / page_size) {
+    return invalid(absl::StrCat("cache.page_table lists ", max_pages, " pages of ", page_size,
+                                " keys, more keys than int64 counts"));
+  }
+  const std::int64_t logical_len = max_pages * page_size;
+  const at::Tensor lengths = c.lengths.to(at::kCPU, at::kLong).contiguous();
+  const at::Tensor table = c.page_table.to(at::kCPU, at::kLong).contiguous();
+  for (std::int64_t b = 0; b < shape.batch; ++b) {
+    const std::int64_t len = lengths.data_ptr<std::int64_t>()[b];
+    if (len < 0 || len > logical_len) {
+      return invalid(absl::StrCat("cache.lengths[", b, "] is ", len, "; expected a length in [0, ",
+                                  logical_len, "] (", max_pages, " pages of ", page_size,
+                                  " keys in its row of cache.page_table)"));
+    }
+    const std::int64_t* ids = table.data_ptr<std::int64_t>() + b * max_pages;
+    for (std::int64_t p = 0; p * page_size < len; ++p) {
+      if (ids[p] < 0 || ids[p] >= pages) {
+        return invalid(absl::StrCat("cache.page_table[", b, "][", p, "] is ", ids[p],
+                                    "; expected a page id in [0, ", pages, ") (sequence ", b,
+                                    " has ", len, " keys, so it reads that page)"));
+      }
+    }
+  }
+  for (std::size_t i = 0; i < spec.masks.size(); ++i) {
+    if (spec.masks[i].kind == MaskKind::block) {
+      return invalid(absl::StrCat("spec.masks[", i,
+                                  "] is a block mask, which a paged cache does not take (its "
+                                  "blocks index a contiguous cache); use position, document or "
+                                  "boolean mask terms"));
+    }
+  }
+  if (at::GradMode::is_enabled() &&
+      (q.requires_grad() || kp.requires_grad() || vp.requires_grad() ||
+       (spec.bias.defined() && spec.bias.requires_grad()))) {
+    return Error(Errc::unsupported,
+                 "attention: a paged cache is an inference call, and autograd would have to "
+                 "reach the query, the pages or spec.bias; call it under at::NoGradGuard, or "
+                 "with tensors that do not require grad");
+  }
+  Dims d = shape;
+  d.kv_len = logical_len;
+  return validate_spec(q, spec, d);
+}
+
 // The spec with every position integer saturated where a larger value means
 // nothing more, so that the kernels' position arithmetic cannot overflow: a
 // window wider than Lq + Lk on a side sees every key there (a query sits at a
@@ -380,14 +506,15 @@ AttentionSpec saturated(const AttentionSpec& spec, std::int64_t q_len, std::int6
   return s;
 }
 
-}  // namespace
-
-result<AttentionOutput> attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                  const AttentionSpec& spec) {
-  // The range checks read tensors, which libtorch may fail to do.
+// Validation (which reads tensors, as libtorch may fail to), the adapter's
+// selection and its run, for a contiguous or a paged call.
+template <class Validate>
+result<AttentionOutput> dispatch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const AttentionSpec& spec, std::int64_t kv_len,
+                                 const PagedKVCache* paged, const Validate& validate_call) {
   const result<double> scale = [&]() -> result<double> {
     try {
-      return validate(q, k, v, spec);
+      return validate_call();
     } catch (const std::exception& e) {
       return Error(Errc::backend_error,
                    absl::StrCat("attention: libtorch failed while validating: ", e.what()));
@@ -397,8 +524,8 @@ result<AttentionOutput> attention(const at::Tensor& q, const at::Tensor& k, cons
   result<internal::Request> request = internal::resolve_request(spec.dispatch);
   if (!request) return request.error();
 
-  const AttentionSpec canonical = saturated(spec, q.size(2), k.size(2));
-  const internal::AttentionCall call{q, k, v, canonical, scale.value()};
+  const AttentionSpec canonical = saturated(spec, q.size(2), kv_len);
+  const internal::AttentionCall call{q, k, v, canonical, scale.value(), paged};
   auto selection = internal::select(internal::Registry::builtin(), kOp, request.value(), call,
                                     &internal::Adapter::attention);
   if (!selection) return selection.error();
@@ -411,6 +538,31 @@ result<AttentionOutput> attention(const at::Tensor& q, const at::Tensor& k, cons
   info.reason = absl::StrCat(info.reason, "; ", computed.value().path);
   return AttentionOutput{std::move(computed.value().out), std::move(computed.value().lse),
                          std::move(info)};
+}
+
+}  // namespace
+
+result<AttentionOutput> attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const AttentionSpec& spec) {
+  return dispatch(q, k, v, spec, k.defined() && k.dim() == 4 ? k.size(2) : 0, nullptr,
+                  [&] { return validate(q, k, v, spec); });
+}
+
+result<AttentionOutput> attention(const at::Tensor& q, const PagedKVCache& cache,
+                                  const AttentionSpec& spec) {
+  // The table's key positions (saturation's span), 0 where validation is
+  // going to refuse the shapes.
+  std::int64_t logical_len = 0;
+  if (cache.k_pages.defined() && cache.k_pages.dim() == 4 && cache.page_table.defined() &&
+      cache.page_table.dim() == 2) {
+    const std::int64_t page_size = cache.k_pages.size(2);
+    const std::int64_t max_pages = cache.page_table.size(1);
+    if (page_size > 0 && max_pages <= std::numeric_limits<std::int64_t>::max() / page_size) {
+      logical_len = max_pages * page_size;
+    }
+  }
+  return dispatch(q, cache.k_pages, cache.v_pages, spec, logical_len, &cache,
+                  [&] { return validate_paged(q, cache, spec); });
 }
 
 }  // namespace v1

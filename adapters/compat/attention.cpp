@@ -1,10 +1,12 @@
 #include "attention.h"
 
 #include <string>
+#include <vector>
 
 #include <ATen/DeviceGuard.h>
 #include <absl/strings/str_cat.h>
 
+#include "attention_mask.h"
 #include "block_sparse_attention.h"
 #include "decode_attention.h"
 #include "dense_attention.h"
@@ -13,13 +15,71 @@ namespace keel::adapters {
 
 namespace {
 
-// A few queries against a cache (decode) go to compat::decode_attention;
-// dense calls SDPA computes exactly to at::scaled_dot_product_attention; the
-// rest to compat::block_sparse_attention. `path` says which, and why.
+internal::AttentionResult contiguous_route(const internal::AttentionCall& call);
+
+// A paged cache off the CPU: each sequence's pages gathered (index_select)
+// into a contiguous cache of its own length, then the contiguous route.
+internal::AttentionResult gathered_paged_route(const internal::AttentionCall& call) {
+  const PagedKVCache& cache = *call.paged;
+  const std::int64_t batch = call.q.size(0);
+  const std::int64_t page_size = cache.k_pages.size(2);
+  const at::Tensor table = cache.page_table.to(at::kCPU, at::kLong);
+  const at::Tensor lengths = cache.lengths.to(at::kCPU, at::kLong);
+  const std::int64_t logical_len = table.size(1) * page_size;
+  const auto gather = [&](const at::Tensor& pool, const at::Tensor& ids, std::int64_t len) {
+    // [n, Hkv, page, X] -> [1, Hkv, n * page, X], the first len keys.
+    const at::Tensor pages = pool.index_select(0, ids.to(pool.device()));
+    return pages.permute({1, 0, 2, 3})
+        .reshape({1, pool.size(1), ids.numel() * page_size, pool.size(3)})
+        .narrow(2, 0, len);
+  };
+  std::vector<at::Tensor> outs;
+  std::vector<at::Tensor> lses;
+  std::string path;
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t len = lengths[b].item<std::int64_t>();
+    const at::Tensor ids = table[b].narrow(0, 0, compat::block_count(len, page_size));
+    const at::Tensor q = call.q.narrow(0, b, 1);
+    const at::Tensor k = gather(cache.k_pages, ids, len);
+    const at::Tensor v = gather(cache.v_pages, ids, len);
+    const AttentionSpec spec = compat::paged_sequence_spec(call.spec, b, batch, len, logical_len);
+    internal::AttentionResult one = contiguous_route({q, k, v, spec, call.scale});
+    outs.push_back(std::move(one.out));
+    if (call.spec.return_lse) lses.push_back(std::move(one.lse));
+    if (b == 0) path = std::move(one.path);
+  }
+  internal::AttentionResult r;
+  r.out = at::cat(outs, 0);
+  if (call.spec.return_lse) r.lse = at::cat(lses, 0);
+  r.path =
+      absl::StrCat("gathered each sequence's pages (off the CPU), then, for sequence 0, ", path);
+  return r;
+}
+
+// A paged cache goes to compat::paged_attention on the CPU (pages read where
+// they lie), gathered per sequence elsewhere; on a contiguous cache, a few
+// queries (decode) go to compat::decode_attention, dense calls SDPA computes
+// exactly to at::scaled_dot_product_attention, the rest to
+// compat::block_sparse_attention. `path` says which, and why.
 internal::AttentionResult compat_attention_route(const internal::AttentionCall& call) {
-  // Both routes allocate on q's device: make it the current one (a no-op on
+  // Every route allocates on q's device: make it the current one (a no-op on
   // the CPU), as ATen's own ops do.
   const at::OptionalDeviceGuard device(at::device_of(call.q));
+  if (call.paged == nullptr) return contiguous_route(call);
+  if (!call.q.device().is_cpu()) return gathered_paged_route(call);
+  compat::BlockSparseResult d = compat::paged_attention(call.q, *call.paged, call.spec, call.scale);
+  internal::AttentionResult r;
+  r.out = std::move(d.out);
+  if (call.spec.return_lse) r.lse = std::move(d.lse);
+  r.path = absl::StrCat(
+      "ran compat::paged_attention (pages read where they lie, a tile at a "
+      "time; each kv head once per block of ",
+      compat::kDecodeMaxQueries,
+      " queries; fraction of the sequences' keys read: ", d.visible_fraction, ")");
+  return r;
+}
+
+internal::AttentionResult contiguous_route(const internal::AttentionCall& call) {
   internal::AttentionResult r;
   if (compat::decode_serves(call.q, call.k)) {
     compat::BlockSparseResult d =
@@ -84,9 +144,12 @@ CapabilityInfo attention_capability() {
                 "bias",
                 "GQA/MQA",
                 "decode (Lq <= 16)",
+                "paged KV cache (inference)",
                 "log-sum-exp",
                 "autograd"};
   c.implementation =
+      "compat::paged_attention for a paged cache on the CPU (pages read in place through a "
+      "bounded tile; gathered per sequence on other devices); "
       "compat::decode_attention for Lq <= 16 on the CPU (decode, speculative verification: each "
       "kv head read once for its query group, only the visible keys of each sequence, no copy "
       "of the cache); at::scaled_dot_product_attention for dense calls it computes exactly (no "

@@ -12,13 +12,16 @@
 namespace keel::internal {
 
 // A validated call: shapes agree, mask terms and modifiers are well formed,
-// and `scale` is resolved (1/sqrt(E) when the spec left it unset).
+// and `scale` is resolved (1/sqrt(E) when the spec left it unset). A paged
+// call names its cache in `paged` (every page id and length checked), and
+// `k`, `v` are its pools.
 struct AttentionCall {
   const at::Tensor& q;
   const at::Tensor& k;
   const at::Tensor& v;
   const AttentionSpec& spec;
   double scale;
+  const PagedKVCache* paged = nullptr;
 };
 
 // What a kernel computed, and which path inside the adapter computed it.

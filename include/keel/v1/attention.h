@@ -207,5 +207,61 @@ struct AttentionOutput {
 KEEL_API result<AttentionOutput> attention(const at::Tensor& q, const at::Tensor& k,
                                            const at::Tensor& v, const AttentionSpec& spec = {});
 
+/// A paged key/value cache, as serving engines keep one: K and V live in a
+/// pool of fixed-size pages, and each sequence lists the pages that hold its
+/// keys, in order.
+///
+/// Key j of sequence b (0 <= j < `lengths[b]`) is row `j % page_size` of page
+/// `page_table[b][j / page_size]`. Pages may be shared between sequences and
+/// listed in any order; entries of a row past the pages its length needs are
+/// never read (a table padded with any value is fine).
+struct PagedKVCache {
+  /// `[P, Hkv, page_size, E]`: the key pool, the query's dtype and device.
+  at::Tensor k_pages;
+  /// `[P, Hkv, page_size, Ev]`: the value pool, same P, Hkv and page_size.
+  at::Tensor v_pages;
+  /// Integer `[B, max_pages]`: each sequence's page ids, each page it reads
+  /// in [0, P). On the CPU or the query's device (it is read on the host).
+  at::Tensor page_table;
+  /// Integer `[B]`: each sequence's number of keys, in [0, max_pages *
+  /// page_size]. On the CPU or the query's device.
+  at::Tensor lengths;
+};
+
+/// Attention of `q` `[B, Hq, Lq, E]` against a paged cache: for each
+/// sequence b, the same result as `attention(q[b], K_b, V_b, spec)` on its
+/// own `lengths[b]` keys laid out contiguously, so that bottom-right
+/// alignment puts the last query at the sequence's last key.
+///
+/// Mask and bias tensors that index keys (document ids, a boolean mask,
+/// `bias`) address key positions 0 .. `max_pages * page_size` - 1 and are
+/// read over each sequence's first `lengths[b]`; a block mask is not
+/// available on a paged cache. Pages are read where they lie (on the CPU, a
+/// cache-sized tile at a time; the sequence is never gathered whole). This is
+/// an inference call: it is `unsupported` when autograd would have to reach
+/// q, the pages or `bias` (call it under `at::NoGradGuard` or with tensors
+/// that do not require grad).
+///
+/// @code
+///   // 2 sequences of 40 and 3 keys over a pool of 8 pages of 16 keys.
+///   at::Tensor q = at::randn({2, 32, 1, 128});  // one decode step, 32 query heads
+///   keel::PagedKVCache cache;
+///   cache.k_pages = at::randn({8, 8, 16, 128});  // 8 kv heads
+///   cache.v_pages = at::randn({8, 8, 16, 128});
+///   cache.page_table = at::tensor({5, 2, 7, 0, 0, 0}, at::kInt).view({2, 3});
+///   cache.lengths = at::tensor({40, 3}, at::kInt);
+///   keel::AttentionSpec spec;
+///   spec.masks = {keel::Mask::causal(keel::CausalAlignment::bottom_right)};
+///   keel::result<keel::AttentionOutput> r = keel::attention(q, cache, spec);
+///   if (!r) { std::cerr << r.error().to_string() << "\n"; return; }
+///   at::Tensor out = r.value().out;  // [2, 32, 1, 128]
+/// @endcode
+///
+/// Errors: `invalid_argument` naming the field for a bad shape, dtype,
+/// device, page id or length (never a read out of bounds), `unsupported` as
+/// above or when the requested adapter has no paged path.
+KEEL_API result<AttentionOutput> attention(const at::Tensor& q, const PagedKVCache& cache,
+                                           const AttentionSpec& spec = {});
+
 }  // namespace v1
 }  // namespace keel

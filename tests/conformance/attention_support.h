@@ -1,0 +1,123 @@
+// What the attention conformance suites share: shapes, seeded inputs, the
+// tolerance rule against the float64 reference, and the (adapter, named
+// case) fixture.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <keel/keel.h>
+
+#include "conformance/adapters.h"
+#include "reference/attention_reference.h"
+
+namespace keel::attention_suite {
+
+struct Shape {
+  std::int64_t B = 2, Hq = 4, Hkv = 2, Lq = 200, Lk = 200, E = 32, Ev = 32;
+};
+
+struct Qkv {
+  at::Tensor q, k, v;
+};
+
+inline Qkv make_qkv(const Shape& s, at::ScalarType dtype = at::kFloat) {
+  return {at::randn({s.B, s.Hq, s.Lq, s.E}, at::kDouble).to(dtype),
+          at::randn({s.B, s.Hkv, s.Lk, s.E}, at::kDouble).to(dtype),
+          at::randn({s.B, s.Hkv, s.Lk, s.Ev}, at::kDouble).to(dtype)};
+}
+
+inline AttentionSpec with_masks(std::vector<Mask> masks,
+                                MaskCombine combine = MaskCombine::all_of) {
+  AttentionSpec spec;
+  spec.masks = std::move(masks);
+  spec.combine = combine;
+  return spec;
+}
+
+inline double max_error(const at::Tensor& got, const at::Tensor& want) {
+  const at::Tensor g = got.detach().to(at::kDouble);
+  const at::Tensor w = want.detach().to(at::kDouble);
+  const at::Tensor finite = w.isfinite();
+  if (!finite.any().item<bool>()) return 0.0;
+  return (g - w).abs().masked_select(finite).max().item<double>();
+}
+
+// Infinities (lse of fully masked rows) must match exactly; no NaN anywhere.
+inline void expect_same_infinities(const at::Tensor& got, const at::Tensor& want) {
+  const at::Tensor g = got.detach().to(at::kDouble);
+  EXPECT_FALSE(g.isnan().any().item<bool>());
+  EXPECT_TRUE(at::equal(g.isneginf(), want.isneginf()));
+  EXPECT_TRUE(at::equal(g.isposinf(), want.isposinf()));
+}
+
+// FlashAttention's rule: the error against float64 is at most twice that of
+// the same-precision naive implementation, plus a small floor.
+inline void expect_within_rule(const Qkv& x, const AttentionSpec& spec, const AttentionOutput& got,
+                               double floor) {
+  const auto [ref_out, ref_lse] = reference::attention(x.q, x.k, x.v, spec);
+  const auto [naive_out, naive_lse] = reference::attention(x.q, x.k, x.v, spec, x.q.scalar_type());
+  ASSERT_EQ(got.out.sizes(), ref_out.sizes());
+  EXPECT_EQ(got.out.scalar_type(), x.q.scalar_type());
+  EXPECT_FALSE(got.out.isnan().any().item<bool>());
+  const double err = max_error(got.out, ref_out);
+  const double naive = max_error(naive_out, ref_out);
+  EXPECT_LE(err, 2 * naive + floor) << "out error " << err << ", naive " << naive;
+  if (spec.return_lse) {
+    ASSERT_TRUE(got.lse.defined());
+    EXPECT_EQ(got.lse.sizes(), ref_lse.sizes());
+    EXPECT_EQ(got.lse.scalar_type(), x.q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
+    expect_same_infinities(got.lse, ref_lse);
+    const double lerr = max_error(got.lse, ref_lse);
+    const double lnaive = max_error(naive_lse, ref_lse);
+    EXPECT_LE(lerr, 2 * lnaive + floor) << "lse error " << lerr << ", naive " << lnaive;
+  } else {
+    EXPECT_FALSE(got.lse.defined());
+  }
+}
+
+// A suite parameterised by (adapter, named case): seeded per test, skipped on
+// an adapter that declines attention; each case is named in the test's name.
+class AdapterAndCase : public ::testing::TestWithParam<std::tuple<Backend, std::string>> {
+ protected:
+  void SetUp() override {
+    at::manual_seed(20261203);
+    if (const std::string why = testing::attention_refusal(adapter()); !why.empty()) {
+      GTEST_SKIP() << why;
+    }
+  }
+  Backend adapter() const { return std::get<0>(GetParam()); }
+  const std::string& case_name() const { return std::get<1>(GetParam()); }
+};
+
+inline std::string adapter_and_case_name(
+    const ::testing::TestParamInfo<std::tuple<Backend, std::string>>& info) {
+  return std::string(to_string(std::get<0>(info.param))) + "_" + std::get<1>(info.param);
+}
+
+template <class Cases>
+std::vector<std::string> names_of(const Cases& cases) {
+  std::vector<std::string> names;
+  for (const auto& c : cases) names.emplace_back(c.name);
+  return names;
+}
+
+inline Shape decode_shape(std::int64_t B, std::int64_t Hq, std::int64_t Hkv, std::int64_t Lq,
+                          std::int64_t Lk, std::int64_t E, std::int64_t Ev) {
+  Shape s;
+  s.B = B;
+  s.Hq = Hq;
+  s.Hkv = Hkv;
+  s.Lq = Lq;
+  s.Lk = Lk;
+  s.E = E;
+  s.Ev = Ev;
+  return s;
+}
+
+}  // namespace keel::attention_suite
