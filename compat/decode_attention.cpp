@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <stdexcept>
@@ -28,6 +29,9 @@ constexpr std::int64_t kKeyBlock = 256;
 // time: the only copy of the cache there is, a bounded one (1 MiB of
 // float32, so that the product reads it from the cache, not from memory).
 constexpr std::int64_t kConvertElements = std::int64_t{256} * 1024;
+// Queries per block on the flash kernel: bounds its additive mask to
+// group * rows * keys elements.
+constexpr std::int64_t kFlashQueryRows = 128;
 
 // `t` narrowed to batch b when its leading dim is the batch (of size B > 1);
 // a tensor that broadcasts over the batch is kept whole.
@@ -278,10 +282,29 @@ at::Tensor cache_matmul(const at::Tensor& a, const CacheSide& side, std::int64_t
   return parts.size() == 1 ? parts[0] : at::cat(parts, -1);
 }
 
+// Whether libtorch's CPU flash kernel can serve blocks of this call over a
+// contiguous cache: no score modifier (the kernel adds none), Ev == E,
+// 16-bit or float32 inputs (float64 keeps keel's own products).
+// libtorch's derivative of the kernel drops the gradient of its lse, so a
+// call whose lse autograd must reach keeps keel's products.
+bool flash_serves(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const AttentionSpec& spec) {
+  const bool lse_on_graph = spec.return_lse && at::GradMode::is_enabled() &&
+                            (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  return spec.softcap == 0 && !spec.alibi_slopes.defined() && !spec.bias.defined() &&
+         v.size(3) == q.size(3) && q.scalar_type() != at::kDouble && !lse_on_graph;
+}
+
 }  // namespace
 
-bool decode_serves(const at::Tensor& q, const at::Tensor& k) {
-  return q.device().is_cpu() && q.size(2) >= 1 && q.size(2) <= kDecodeMaxQueries && k.size(2) >= 1;
+bool decode_serves(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                   const AttentionSpec& spec) {
+  const std::int64_t q_len = q.size(2);
+  const std::int64_t kv_len = k.size(2);
+  if (!q.device().is_cpu() || q_len < 1 || kv_len < 1) return false;
+  if (q_len <= kDecodeMaxQueries) return true;
+  // Chunked prefill: new tokens against a longer cache, on the flash kernel.
+  return q_len < kv_len && q_len <= kPrefillMaxQueries && flash_serves(q, k, v, spec);
 }
 
 // the batch narrowed to b, and every key-indexed tensor (document ids,
@@ -307,8 +330,12 @@ namespace {
 // One call's queries and the state its sequences share.
 class Attend {
  public:
-  Attend(const at::Tensor& q, std::int64_t kv_heads, std::int64_t value_dim, double scale)
+  // `nothing` gives the output of a block that sees no key (0, on the graph
+  // where autograd must reach the inputs); called only for such a block.
+  Attend(const at::Tensor& q, std::int64_t kv_heads, std::int64_t value_dim, double scale,
+         std::function<at::Tensor()> nothing)
       : q_(q),
+        nothing_(std::move(nothing)),
         acc_(q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat),
         q_heads_(q.size(1)),
         q_len_(q.size(2)),
@@ -317,28 +344,37 @@ class Attend {
         group_(q.size(1) / kv_heads),
         // The scale is folded into q; query head h reads kv head h / group,
         // so the group's queries are the rows of one product with that head.
+        scale_(scale),
         qs_(q.to(acc_) * scale) {}
 
   // Sequences [b0, b0 + nb) of q, which see the same keys under `sb`,
   // against sequences [c0, c0 + nb) of the cache (kv_len keys each), one
   // block of at most kDecodeMaxQueries queries at a time.
   void sequences(std::int64_t b0, std::int64_t nb, const CacheSide& k, const CacheSide& v,
-                 std::int64_t c0, std::int64_t kv_len, const AttentionSpec& sb,
-                 const at::Tensor& anchor_of_nothing) {
+                 std::int64_t c0, std::int64_t kv_len, const AttentionSpec& sb) {
     const MaskGeometry g{nb, q_heads_, q_len_, kv_len};
+    const bool flash = k.pages == nullptr && flash_serves(q_, k.t, v.t, sb);
+    const std::int64_t block_rows = flash ? kFlashQueryRows : kDecodeMaxQueries;
+    blocks_ = std::max(blocks_, block_count(q_len_, block_rows));
     BlockClasses classes;
     std::vector<at::Tensor> outs;
     std::vector<at::Tensor> lses;
-    for (std::int64_t q0 = 0; q0 < q_len_; q0 += kDecodeMaxQueries) {
-      const std::int64_t rows = std::min(kDecodeMaxQueries, q_len_ - q0);
+    for (std::int64_t q0 = 0; q0 < q_len_; q0 += block_rows) {
+      const std::int64_t rows = std::min(block_rows, q_len_ - q0);
       std::optional<KeyRange> range = interval_range(sb, g, q0, rows);
       if (!range) {
         if (!classes.visible.defined()) {
-          classes = classify_blocks(sb, g, at::kCPU, kDecodeMaxQueries, kKeyBlock);
+          classes = classify_blocks(sb, g, at::kCPU, block_rows, kKeyBlock);
         }
-        range = classified_range(classes, q0 / kDecodeMaxQueries, kv_len);
+        range = classified_range(classes, q0 / block_rows, kv_len);
       }
-      block(b0, nb, q0, rows, k, v, c0, g, *range, sb, anchor_of_nothing, outs, lses);
+      if (range->hi <= range->lo) {
+        nothing_visible(nb, rows, outs, lses);
+      } else if (flash) {
+        flash_block(b0, nb, q0, rows, k.t, v.t, c0, g, *range, sb, outs, lses);
+      } else {
+        block(b0, nb, q0, rows, k, v, c0, g, *range, sb, outs, lses);
+      }
     }
     outs_.push_back(outs.size() == 1 ? outs[0] : at::cat(outs, 2));
     lses_.push_back(lses.size() == 1 ? lses[0] : at::cat(lses, 2));
@@ -350,25 +386,16 @@ class Attend {
     r.out = (outs_.size() == 1 ? outs_[0] : at::cat(outs_, 0)).to(q_.scalar_type());
     r.lse = lses_.size() == 1 ? lses_[0] : at::cat(lses_, 0);
     // Each block of queries reads the cache again.
-    const std::int64_t blocks = block_count(q_len_, kDecodeMaxQueries);
-    r.visible_fraction = keys > 0 ? read_ / static_cast<double>(keys * blocks) : 0.0;
+    r.visible_fraction = keys > 0 ? read_ / static_cast<double>(keys * blocks_) : 0.0;
     return r;
   }
 
  private:
   void block(std::int64_t b0, std::int64_t nb, std::int64_t q0, std::int64_t rows,
              const CacheSide& k, const CacheSide& v, std::int64_t c0, const MaskGeometry& g,
-             const KeyRange& range, const AttentionSpec& sb, const at::Tensor& anchor_of_nothing,
-             std::vector<at::Tensor>& outs, std::vector<at::Tensor>& lses) {
-    const at::TensorOptions options = q_.options().dtype(acc_);
+             const KeyRange& range, const AttentionSpec& sb, std::vector<at::Tensor>& outs,
+             std::vector<at::Tensor>& lses) {
     const std::int64_t len = range.hi - range.lo;
-    if (len <= 0) {
-      // Nothing visible: output 0 and lse -inf, still on the graph.
-      outs.push_back(at::zeros({nb, q_heads_, rows, value_dim_}, options) +
-                     anchor_of_nothing.to(acc_));
-      lses.push_back(at::full({nb, q_heads_, rows}, kMinusInf, options));
-      return;
-    }
     read_ += static_cast<double>(nb * len);
     const at::Tensor qg = qs_.narrow(0, b0, nb)
                               .narrow(2, q0, rows)
@@ -391,13 +418,65 @@ class Attend {
     lses.push_back(p.lse.squeeze(-1));
   }
 
+  // A block whose queries see no key: output 0 and lse -inf, still on the
+  // graph.
+  void nothing_visible(std::int64_t nb, std::int64_t rows, std::vector<at::Tensor>& outs,
+                       std::vector<at::Tensor>& lses) {
+    const at::TensorOptions options = q_.options().dtype(acc_);
+    if (!anchor_.defined()) anchor_ = nothing_().to(acc_);
+    outs.push_back(at::zeros({nb, q_heads_, rows, value_dim_}, options) + anchor_);
+    lses.push_back(at::full({nb, q_heads_, rows}, kMinusInf, options));
+  }
+
+  // The block on libtorch's CPU flash kernel: the group's queries as the
+  // rows of one kv head ([nb, Hkv, group * rows, E], row gi * rows + r being
+  // query r of head kv * group + gi), against views of the visible keys in
+  // the cache's own dtype; a mask over those keys (additive, the layout of
+  // the rows) unless every query sees every one of them.
+  void flash_block(std::int64_t b0, std::int64_t nb, std::int64_t q0, std::int64_t rows,
+                   const at::Tensor& k, const at::Tensor& v, std::int64_t c0, const MaskGeometry& g,
+                   const KeyRange& range, const AttentionSpec& sb, std::vector<at::Tensor>& outs,
+                   std::vector<at::Tensor>& lses) {
+    const std::int64_t len = range.hi - range.lo;
+    read_ += static_cast<double>(nb * len);
+    const at::Tensor qh = q_.narrow(0, b0, nb)
+                              .narrow(2, q0, rows)
+                              .reshape({nb, kv_heads_, group_ * rows, q_.size(3)});
+    const at::Tensor kb = k.narrow(0, c0, nb).narrow(2, range.lo, len);
+    const at::Tensor vb = v.narrow(0, c0, nb).narrow(2, range.lo, len);
+    std::optional<at::Tensor> mask;
+    at::Tensor nonempty;
+    if (!range.full) {
+      const at::Tensor keys = at::arange(range.lo, range.hi, q_.options().dtype(at::kLong));
+      at::Tensor keep = materialize_tile(sb, g, q0, rows, keys);  // [nb|1, Hq|1, rows, len]
+      const std::int64_t mb = keep.size(0);
+      keep = keep.size(1) == 1 ? keep.unsqueeze(1)
+                                     .expand({mb, 1, group_, rows, len})
+                                     .reshape({mb, 1, group_ * rows, len})
+                               : keep.reshape({mb, kv_heads_, group_ * rows, len});
+      mask = at::zeros(keep.sizes(), q_.options()).masked_fill_(keep.logical_not(), kMinusInf);
+      nonempty = keep.any(-1);
+      if (nonempty.all().item<bool>()) nonempty = at::Tensor();
+    }
+    auto [o, l] =
+        at::_scaled_dot_product_flash_attention_for_cpu(qh, kb, vb, 0.0, false, mask, scale_);
+    // A row that sees no key: the kernel's output is 0, its lse is not -inf.
+    if (nonempty.defined()) l = l.masked_fill(nonempty.logical_not(), kMinusInf);
+    outs.push_back(o.reshape({nb, q_heads_, rows, value_dim_}).to(acc_));
+    lses.push_back(l.reshape({nb, q_heads_, rows}).to(acc_));
+  }
+
   const at::Tensor& q_;
+  std::function<at::Tensor()> nothing_;
+  at::Tensor anchor_;
   at::ScalarType acc_;
   std::int64_t q_heads_, q_len_, kv_heads_, value_dim_, group_;
+  double scale_;
   at::Tensor qs_;
   std::vector<at::Tensor> outs_;
   std::vector<at::Tensor> lses_;
   double read_ = 0;
+  std::int64_t blocks_ = 1;
 };
 
 }  // namespace
@@ -406,15 +485,14 @@ BlockSparseResult decode_attention(const at::Tensor& q, const at::Tensor& k, con
                                    const AttentionSpec& spec, double scale) {
   const std::int64_t batch = q.size(0);
   const std::int64_t kv_len = k.size(2);
-  Attend attend(q, k.size(1), v.size(3), scale);
+  Attend attend(q, k.size(1), v.size(3), scale, [&] { return zero_tied_to_inputs(q, k, v, spec); });
   const CacheSide ks{k};
   const CacheSide vs{v};
-  const at::Tensor nothing = zero_tied_to_inputs(q, k, v, spec);
   if (same_for_every_sequence(spec, batch)) {
-    attend.sequences(0, batch, ks, vs, 0, kv_len, spec, nothing);
+    attend.sequences(0, batch, ks, vs, 0, kv_len, spec);
   } else {
     for (std::int64_t b = 0; b < batch; ++b) {
-      attend.sequences(b, 1, ks, vs, b, kv_len, batch_slice(spec, b, batch), nothing);
+      attend.sequences(b, 1, ks, vs, b, kv_len, batch_slice(spec, b, batch));
     }
   }
   return std::move(attend).result(batch * kv_len);
@@ -427,15 +505,15 @@ BlockSparseResult paged_attention(const at::Tensor& q, const PagedKVCache& cache
   const at::Tensor table = cache.page_table.to(at::kCPU, at::kLong).contiguous();
   const at::Tensor lengths = cache.lengths.to(at::kCPU, at::kLong).contiguous();
   const std::int64_t logical_len = table.size(1) * page_size;
-  Attend attend(q, cache.k_pages.size(1), cache.v_pages.size(3), scale);
-  const at::Tensor nothing = at::zeros({}, q.options());  // paged attention is off the graph
+  // Off the autograd graph: a sequence that sees no key is plain 0.
+  Attend attend(q, cache.k_pages.size(1), cache.v_pages.size(3), scale,
+                [&] { return at::zeros({}, q.options()); });
   for (std::int64_t b = 0; b < batch; ++b) {
     const std::int64_t* pages = table.data_ptr<std::int64_t>() + b * table.size(1);
     const CacheSide ks{cache.k_pages, pages, page_size};
     const CacheSide vs{cache.v_pages, pages, page_size};
     const std::int64_t len = lengths.data_ptr<std::int64_t>()[b];
-    attend.sequences(b, 1, ks, vs, 0, len, paged_sequence_spec(spec, b, batch, len, logical_len),
-                     nothing);
+    attend.sequences(b, 1, ks, vs, 0, len, paged_sequence_spec(spec, b, batch, len, logical_len));
   }
   return std::move(attend).result(lengths.sum().item<std::int64_t>());
 }

@@ -22,9 +22,15 @@ namespace keel::compat {
 // The most queries per sequence the decode kernel takes.
 constexpr std::int64_t kDecodeMaxQueries = 16;
 
-// Whether the decode kernel serves this call: CPU tensors, 1 <= Lq <=
-// kDecodeMaxQueries, Lk >= 1.
-bool decode_serves(const at::Tensor& q, const at::Tensor& k);
+// The most queries of a chunked prefill (Lq < Lk) the kernel takes.
+constexpr std::int64_t kPrefillMaxQueries = 1024;
+
+// Whether the decode kernel serves this call: CPU tensors, Lk >= 1, and
+// either 1 <= Lq <= kDecodeMaxQueries, or a chunked prefill (Lq < Lk, Lq <=
+// kPrefillMaxQueries) that libtorch's CPU flash kernel can compute (no score
+// modifier, Ev == E, not float64).
+bool decode_serves(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                   const AttentionSpec& spec);
 
 // q, k, v and spec as keel::attention validated them; `scale` resolved.
 // `visible_fraction` is the fraction of the cache's keys read;

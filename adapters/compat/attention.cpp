@@ -81,14 +81,15 @@ internal::AttentionResult compat_attention_route(const internal::AttentionCall& 
 
 internal::AttentionResult contiguous_route(const internal::AttentionCall& call) {
   internal::AttentionResult r;
-  if (compat::decode_serves(call.q, call.k)) {
+  if (compat::decode_serves(call.q, call.k, call.v, call.spec)) {
     compat::BlockSparseResult d =
         compat::decode_attention(call.q, call.k, call.v, call.spec, call.scale);
     r.out = std::move(d.out);
     if (call.spec.return_lse) r.lse = std::move(d.lse);
-    r.path = absl::StrCat("ran compat::decode_attention (Lq <= ", compat::kDecodeMaxQueries,
+    r.path = absl::StrCat("ran compat::decode_attention (decode, Lq <= ", compat::kDecodeMaxQueries,
+                          ", or chunked prefill, Lq < Lk <= ", compat::kPrefillMaxQueries,
                           ": each kv head read once for its query group, only the visible keys; "
-                          "fraction of the cache read: ",
+                          "fraction of the cache read per block of queries: ",
                           d.visible_fraction, ")");
     return r;
   }

@@ -1,8 +1,10 @@
 // The attention family: every mask kind and score modifier, GQA, Lq != Lk,
 // odd shapes, fp32 and bf16; serving shapes (decode and speculative
 // verification against a cache, chunked prefill, 32 query heads over 8 or 1
-// kv heads, head dim 128); forward (out, lse) and the gradients of q, k, v.
+// kv heads, head dim 128; a paged cache, forward only); forward (out, lse)
+// and the gradients of q, k, v.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <absl/strings/str_cat.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -61,6 +63,17 @@ class AttentionFamily final : public Family {
         {"chunked_prefill_gqa32_8_lq128",
          {1, 32, 8, 128, 1024, 128},
          {{"mask", "causal"}, {"alignment", "bottom_right"}}},
+        // Paged caches (kv_len: the table's keys): ragged lengths, shuffled pages.
+        {"paged_decode_gqa32_8_page16",
+         {3, 32, 8, 1, 1024, 128},
+         {{"mask", "causal"}, {"alignment", "bottom_right"}, {"page_size", 16}}},
+        {"paged_verify_gqa32_8_lq5_page64_window_256",
+         {2, 32, 8, 5, 1024, 128},
+         {{"mask", "sliding_window"},
+          {"left", 256},
+          {"right", 0},
+          {"alignment", "bottom_right"},
+          {"page_size", 64}}},
     };
     for (const auto& [type, dtype] :
          {std::pair{at::kFloat, "float32"}, std::pair{at::kBFloat16, "bfloat16"}}) {
@@ -89,6 +102,28 @@ class AttentionFamily final : public Family {
         }
         if (s.options.value("alibi", false))
           c.inputs["alibi_slopes"] = at::rand({sh.q_heads}) * 0.5;
+        if (const std::int64_t page = s.options.value("page_size", 0); page > 0) {
+          // The keys of k and v become pages of a pool in shuffled order.
+          const std::int64_t per = sh.kv_len / page;
+          const at::Tensor slot_of = at::randperm(sh.batch * per, at::kLong);
+          at::Tensor k_pages = at::empty({sh.batch * per, sh.kv_heads, page, sh.head_dim}, type);
+          at::Tensor v_pages = at::empty_like(k_pages);
+          for (std::int64_t n = 0; n < sh.batch * per; ++n) {
+            const std::int64_t b = n / per;
+            const std::int64_t j = n % per;
+            k_pages[slot_of[n].item<std::int64_t>()].copy_(
+                c.inputs["k"][b].narrow(1, j * page, page));
+            v_pages[slot_of[n].item<std::int64_t>()].copy_(
+                c.inputs["v"][b].narrow(1, j * page, page));
+          }
+          c.inputs.erase("k");
+          c.inputs.erase("v");
+          c.inputs.erase("upstream");
+          c.inputs["k_pages"] = k_pages;
+          c.inputs["v_pages"] = v_pages;
+          c.inputs["page_table"] = slot_of.view({sh.batch, per});
+          c.inputs["lengths"] = at::randint(0, sh.kv_len + 1, {sh.batch}, at::kLong);
+        }
         cases.push_back(std::move(c));
       }
     }
@@ -120,6 +155,7 @@ class AttentionFamily final : public Family {
     if (c.options.value("alibi", false)) spec.alibi_slopes = c.inputs.at("alibi_slopes");
     spec.return_lse = true;
     spec.dispatch.backend = backend;
+    if (c.inputs.count("page_table") != 0) return run_paged(c, spec);
 
     const at::Tensor q = c.inputs.at("q").detach().clone().requires_grad_(true);
     const at::Tensor k = c.inputs.at("k").detach().clone().requires_grad_(true);
@@ -141,6 +177,28 @@ class AttentionFamily final : public Family {
     run.outputs["grad_q"] = grads[0];
     run.outputs["grad_k"] = grads[1];
     run.outputs["grad_v"] = grads[2];
+    return run;
+  }
+
+ private:
+  // A paged cache is an inference call: forward only.
+  static result<Run> run_paged(const Case& c, const AttentionSpec& spec) {
+    const at::NoGradGuard no_grad;
+    PagedKVCache cache;
+    cache.k_pages = c.inputs.at("k_pages");
+    cache.v_pages = c.inputs.at("v_pages");
+    cache.page_table = c.inputs.at("page_table");
+    cache.lengths = c.inputs.at("lengths");
+    Run run;
+    PeakMemory memory;
+    const auto start = std::chrono::steady_clock::now();
+    result<AttentionOutput> out = attention(c.inputs.at("q"), cache, spec);
+    run.forward_ms = elapsed_ms(start);
+    if (!out) return out.error();
+    run.adapter = out.value().dispatch.adapter;
+    run.peak_bytes = memory.peak_bytes();
+    run.outputs["out"] = out.value().out;
+    run.outputs["lse"] = out.value().lse;
     return run;
   }
 };

@@ -664,9 +664,10 @@ TEST_P(AttentionConformance, BadInputIsInvalidArgumentNamingTheArgument) {
 INSTANTIATE_TEST_SUITE_P(EveryAdapter, AttentionConformance,
                          ::testing::ValuesIn(testing::adapters_in_build()), testing::adapter_name);
 
-// Decode and speculative verification: a few queries (Lq <= 16) against a
-// cache, grouped-query heads, every mask a service uses, narrow caches. One
-// named case per shape; each seeds its own inputs.
+// Decode and speculative verification (a few queries, Lq <= 16) and chunked
+// prefill (Lq = 128 < Lk) against a cache, grouped-query heads, every mask a
+// service uses, narrow caches. One named case per shape; each seeds its own
+// inputs.
 struct DecodeCase {
   const char* name;
   Shape shape;
@@ -719,6 +720,24 @@ const std::vector<DecodeCase>& decode_cases() {
          return with_masks({Mask::causal(CausalAlignment::bottom_right),
                             Mask::key_padding(at::tensor({2100, 5, 1030}, at::kLong))});
        }},
+      // Chunked prefill (Lq < Lk): the flash kernel, masked over the visible keys.
+      {"gqa32_8_lq128_prefill_window", decode_shape(2, 32, 8, 128, 1500, 128, 128), at::kFloat,
+       [](const Shape&) {
+         return with_masks({Mask::sliding_window(300, 0, CausalAlignment::bottom_right)});
+       }},
+      {"gqa32_8_lq128_prefill_rows_that_see_nothing", decode_shape(2, 32, 8, 128, 700, 64, 64),
+       at::kFloat,
+       [](const Shape& s) {
+         // Keys of documents 0 and 1; queries 64.. ask for document 7, which has none.
+         const at::Tensor kv =
+             at::div(at::arange(s.Lk, at::kLong), 350, "floor").expand({s.B, s.Lk});
+         const at::Tensor q = at::where(at::arange(s.Lq, at::kLong) < 64, 1, 7).expand({s.B, s.Lq});
+         return with_masks({Mask::document(q.contiguous(), kv.contiguous()),
+                            Mask::causal(CausalAlignment::bottom_right)});
+       }},
+      {"gqa32_8_lq128_prefill_bf16_causal", decode_shape(1, 32, 8, 128, 2000, 128, 128),
+       at::kBFloat16,
+       [](const Shape&) { return with_masks({Mask::causal(CausalAlignment::bottom_right)}); }},
       {"gqa32_8_lq1_float64", decode_shape(2, 32, 8, 1, 300, 128, 128), at::kDouble,
        [](const Shape&) { return with_masks({Mask::causal(CausalAlignment::bottom_right)}); }},
   };
@@ -759,29 +778,35 @@ TEST_P(DecodeConformance, MatchesFloat64Reference) {
 TEST_P(DecodeConformance, GradientsMatchReferenceAutograd) {
   const DecodeCase& c = the_case();
   if (c.dtype != at::kFloat) GTEST_SKIP() << "gradients are checked in float32";
-  Qkv x = make_qkv(c.shape, c.dtype);
-  const std::vector<at::Tensor> inputs = {x.q.requires_grad_(true), x.k.requires_grad_(true),
-                                          x.v.requires_grad_(true)};
-  AttentionSpec spec = c.spec(c.shape);
-  spec.return_lse = true;
-  const AttentionOutput got = run(x, spec);
-  ASSERT_TRUE(got.out.defined());
-  const at::Tensor up = at::randn(got.out.sizes(), at::kDouble);
-  const at::Tensor up_lse = at::randn(got.lse.sizes(), at::kDouble);
-  const auto loss_of = [&](const at::Tensor& out, const at::Tensor& lse) {
-    return (out.to(at::kDouble) * up).sum() +
-           (lse.to(at::kDouble).masked_fill(lse.isinf(), 0) * up_lse).sum();
-  };
-  const auto g = torch::autograd::grad({loss_of(got.out, got.lse)}, inputs);
-  const auto [ro, rl] = reference::attention(x.q, x.k, x.v, spec);
-  const auto rg = torch::autograd::grad({loss_of(ro, rl)}, inputs);
-  const auto [no, nl] = reference::attention(x.q, x.k, x.v, spec, at::kFloat);
-  const auto ng = torch::autograd::grad({loss_of(no, nl)}, inputs);
-  for (std::size_t n = 0; n < g.size(); ++n) {
-    SCOPED_TRACE(n);
-    const double err = max_error(g[n], rg[n]);
-    const double naive = max_error(ng[n], rg[n]);
-    EXPECT_LE(err, 2 * naive + 1e-6) << "error " << err << ", naive " << naive;
+  // With the lse on the graph (keel's own products) and without it (where
+  // the call allows, libtorch's flash kernel and its derivative).
+  for (bool with_lse : {true, false}) {
+    SCOPED_TRACE(with_lse ? "out and lse" : "out alone");
+    Qkv x = make_qkv(c.shape, c.dtype);
+    const std::vector<at::Tensor> inputs = {x.q.requires_grad_(true), x.k.requires_grad_(true),
+                                            x.v.requires_grad_(true)};
+    AttentionSpec spec = c.spec(c.shape);
+    spec.return_lse = with_lse;
+    const AttentionOutput got = run(x, spec);
+    ASSERT_TRUE(got.out.defined());
+    const at::Tensor up = at::randn(got.out.sizes(), at::kDouble);
+    const at::Tensor up_lse = at::randn({c.shape.B, c.shape.Hq, c.shape.Lq}, at::kDouble);
+    const auto loss_of = [&](const at::Tensor& out, const at::Tensor& lse) {
+      at::Tensor loss = (out.to(at::kDouble) * up).sum();
+      if (with_lse) loss = loss + (lse.to(at::kDouble).masked_fill(lse.isinf(), 0) * up_lse).sum();
+      return loss;
+    };
+    const auto g = torch::autograd::grad({loss_of(got.out, got.lse)}, inputs);
+    const auto [ro, rl] = reference::attention(x.q, x.k, x.v, spec);
+    const auto rg = torch::autograd::grad({loss_of(ro, rl)}, inputs);
+    const auto [no, nl] = reference::attention(x.q, x.k, x.v, spec, at::kFloat);
+    const auto ng = torch::autograd::grad({loss_of(no, nl)}, inputs);
+    for (std::size_t n = 0; n < g.size(); ++n) {
+      SCOPED_TRACE(n);
+      const double err = max_error(g[n], rg[n]);
+      const double naive = max_error(ng[n], rg[n]);
+      EXPECT_LE(err, 2 * naive + 1e-6) << "error " << err << ", naive " << naive;
+    }
   }
 }
 

@@ -219,10 +219,10 @@ TEST_P(PagedConformance, EachSequenceMatchesFloat64ReferenceOnItsOwnKeys) {
   }
 }
 
-// The paged call equals keel's contiguous call on each sequence's keys: the
-// same plan, the keys read from pages instead of one tensor. float32 and
-// float64 agree to the documented tolerance (the output's sum over keys is
-// taken a tile of keys at a time: 4 ulp of the largest output).
+// The paged call equals keel's contiguous call on each sequence's keys, to
+// the documented tolerance: 32 ulp of the largest output (the contiguous
+// call may run libtorch's flash kernel where the paged one runs keel's
+// products over tiles of keys; both are held to float64 above).
 TEST_P(PagedConformance, EqualsTheContiguousCallOnEachSequence) {
   const PagedCase& c = the_case();
   if (c.shape.Lq > 16) {
@@ -249,7 +249,7 @@ TEST_P(PagedConformance, EqualsTheContiguousCallOnEachSequence) {
     const double eps = c.dtype == at::kDouble  ? 1e-15
                        : c.dtype == at::kFloat ? 1.2e-7
                                                : (c.dtype == at::kHalf ? 9.8e-4 : 7.8e-3);
-    const double tolerance = 4 * eps * std::max(1.0, want.abs().max().item<double>());
+    const double tolerance = 32 * eps * std::max(1.0, want.abs().max().item<double>());
     EXPECT_LE((got - want).abs().max().item<double>(), tolerance);
     EXPECT_TRUE(at::equal(paged.lse.narrow(0, b, 1).isneginf(), r.value().lse.isneginf()));
   }
