@@ -38,10 +38,47 @@ struct Wants {
 // Gradient buffers: grad_hidden in hidden's dtype (each row is written by
 // exactly one chunk), grad_weight and grad_bias in the accumulation dtype,
 // summed over the chunks.
+//
+// grad_weight and grad_bias are sums over every token chunk. With many short
+// chunks, adding each chunk's product into the running sum rounds that sum
+// once per chunk, and the error grows with their number (issue 19: 1.7e-4
+// of the largest entry at N = 131200, 64 rows a chunk, where one float32
+// GEMM over all tokens stays at 0.7e-6). So, when the plan has more than
+// 2 * kChunksPerPartial chunks and a second grad_weight fits in the block's
+// own working set, chunks add into `*_partial` sums, which are added into the
+// totals every kChunksPerPartial chunks: the totals round N / (rows *
+// kChunksPerPartial) times. grad_bias ([V], cheap) is then summed in float64
+// and rounded once.
+constexpr std::int64_t kChunksPerPartial = 16;
+
 struct Grads {
   at::Tensor hidden;
   at::Tensor weight;
   at::Tensor bias;
+  at::Tensor weight_partial;  // defined when partial sums are on
+  at::Tensor bias_partial;
+  std::int64_t chunks_in_partial = 0;
+
+  // Where a chunk adds its share.
+  at::Tensor weight_sum() const { return weight_partial.defined() ? weight_partial : weight; }
+  at::Tensor bias_sum() const { return bias_partial.defined() ? bias_partial : bias; }
+
+  // After each token chunk, and (with `last`) after the last one.
+  void end_chunk(bool last) {
+    if (weight_partial.defined() && (++chunks_in_partial == kChunksPerPartial || last)) {
+      weight.add_(weight_partial);
+      chunks_in_partial = 0;
+      if (last) {
+        weight_partial = at::Tensor();
+      } else {
+        weight_partial.zero_();
+      }
+    }
+    if (bias_partial.defined() && last) {
+      bias.add_(bias_partial);
+      bias_partial = at::Tensor();
+    }
+  }
 };
 
 struct Problem {
@@ -302,10 +339,10 @@ void fold_gradient(Grads* grads, const at::Tensor& g, const Problem& p, const Wo
   }
   if (wants.weight) {
     const at::Tensor h_acc = h.scalar_type() == p.acc ? h : h.to(p.acc);
-    at::Tensor dw = grads->weight.narrow(0, v0, v);
+    at::Tensor dw = grads->weight_sum().narrow(0, v0, v);
     dw.addmm_(g.t(), h_acc);
   }
-  if (wants.bias) grads->bias.narrow(0, v0, v).add_(g.sum(0));
+  if (wants.bias) grads->bias_sum().narrow(0, v0, v).add_(g.sum(0));
 }
 
 // One pass over the token chunks, whole rows or vocabulary blocks. Writes
@@ -376,6 +413,7 @@ void forward_pass(const Problem& p, const LinearCrossEntropyConfig& config,
     g.mul_((f.coef.unsqueeze(1) / running_sum));
     finish_logit_gradient(g, f, y_safe, 0, p, config, deriv);
     fold_gradient(grads, g, p, ws, h, start, 0, /*first_block=*/true, at::Tensor(), wants);
+    grads->end_chunk(start + n >= n_tokens);
   }
 }
 
@@ -419,6 +457,7 @@ void gradient_pass(const Problem& p, const LinearCrossEntropyConfig& config,
       fold_gradient(grads, g, p, ws, h, start, v0, v0 == 0, dx_acc, wants);
     }
     if (dx_acc.defined()) grads->hidden.narrow(0, start, n).copy_(dx_acc);
+    grads->end_chunk(start + n >= n_tokens);
   }
 }
 
@@ -428,6 +467,13 @@ Grads allocate_grads(const Problem& p, const Wants& wants) {
   if (wants.hidden) grads.hidden = at::empty(p.hidden.sizes(), p.hidden.options());
   if (wants.weight) grads.weight = at::zeros(p.weight.sizes(), acc);
   if (wants.bias) grads.bias = at::zeros({p.weight.size(0)}, acc);
+  const std::int64_t chunks = (p.hidden.size(0) + p.plan.tokens - 1) / p.plan.tokens;
+  if (chunks > 2 * kChunksPerPartial) {
+    if (wants.weight && p.weight.numel() <= p.plan.tokens * p.plan.vocab) {
+      grads.weight_partial = at::zeros_like(grads.weight);
+    }
+    if (wants.bias) grads.bias_partial = at::zeros_like(grads.bias, at::kDouble);
+  }
   return grads;
 }
 
