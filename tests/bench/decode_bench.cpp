@@ -172,6 +172,9 @@ std::vector<Case> all_cases() {
         for (std::int64_t Hkv : {32, 8, 1}) {
           for (const char* mask : {"causal", "window512", "ragged", "documents", "paged16"}) {
             if (B == 1 && std::string(mask) == "ragged") continue;  // one sequence: no raggedness
+            // The hand-written paged contender gathers two copies of the
+            // cache beside the pools: past this machine's 23 GiB at B=8, Lk=32768.
+            if (B == 8 && Lk == 32768 && std::string(mask) == "paged16") continue;
             Case c{"", B, 32, Hkv, Lk, dtype, mask};
             char name[128];
             std::snprintf(name, sizeof(name), "%s B=%lld Lk=%lld 32/%lld %s",
