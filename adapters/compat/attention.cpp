@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include <ATen/ATen.h>
 #include <ATen/DeviceGuard.h>
 #include <absl/strings/str_cat.h>
 
@@ -37,7 +38,7 @@ internal::AttentionResult gathered_paged_route(const internal::AttentionCall& ca
   std::vector<at::Tensor> lses;
   std::string path;
   for (std::int64_t b = 0; b < batch; ++b) {
-    const std::int64_t len = lengths[b].item<std::int64_t>();
+    const auto len = lengths[b].item<std::int64_t>();
     const at::Tensor ids = table[b].narrow(0, 0, compat::block_count(len, page_size));
     const at::Tensor q = call.q.narrow(0, b, 1);
     const at::Tensor k = gather(cache.k_pages, ids, len);

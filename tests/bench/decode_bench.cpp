@@ -110,9 +110,9 @@ Setup make(const Case& c) {
     slots.index_put_({ids}, at::arange(c.B * per, at::kLong));  // page id -> its slot
     const auto pool = [&](const at::Tensor& t) {
       // [B, H, Lk, E] -> pages [B * per, H, 16, E], then page n at id ids[n].
-      const at::Tensor pages =
-          t.view({c.B, c.Hkv, per, kPage, kDim}).permute({0, 2, 1, 3, 4}).reshape(
-              {c.B * per, c.Hkv, kPage, kDim});
+      const at::Tensor pages = t.view({c.B, c.Hkv, per, kPage, kDim})
+                                   .permute({0, 2, 1, 3, 4})
+                                   .reshape({c.B * per, c.Hkv, kPage, kDim});
       return pages.index_select(0, slots).contiguous();
     };
     s.paged.k_pages = pool(k);
@@ -136,9 +136,9 @@ Setup make(const Case& c) {
     // Lq new tokens at the end of the cache: bottom-right causal, optionally
     // windowed; by hand, the equivalent boolean mask [Lq, Lk].
     const bool window = c.mask != "prefill";
-    s.spec.masks = {window ? keel::Mask::sliding_window(kWindow, 0,
-                                                        keel::CausalAlignment::bottom_right)
-                           : keel::Mask::causal(keel::CausalAlignment::bottom_right)};
+    s.spec.masks = {
+        window ? keel::Mask::sliding_window(kWindow, 0, keel::CausalAlignment::bottom_right)
+               : keel::Mask::causal(keel::CausalAlignment::bottom_right)};
     const at::Tensor pos = at::arange(c.Lq, at::kLong).view({-1, 1}) + (c.Lk - c.Lq);
     const at::Tensor key = at::arange(c.Lk, at::kLong).view({1, -1});
     at::Tensor keep = key <= pos;
@@ -280,9 +280,10 @@ int main(int argc, char** argv) {
       paged_lo = std::min(paged_lo, k_ms / causal_ms[shape]);
       paged_hi = std::max(paged_hi, k_ms / causal_ms[shape]);
     }
-    if (c.Lk >= 8192 && c.Lq == 1 && c.mask != "window512") worst_bw_long = std::min(worst_bw_long, fraction);
-    std::printf("%-44s %9.3f %9.3f %9.3f %9.3f %9.2f %8.0f%% %7.0f%% %8.1f\n", c.name.c_str(),
-                k_ms, s_ms, r_ms, limit_ms, ratio, 100 * fraction, 100 * limit_ms / k_ms,
+    if (c.Lk >= 8192 && c.Lq == 1 && c.mask != "window512")
+      worst_bw_long = std::min(worst_bw_long, fraction);
+    std::printf("%-44s %9.3f %9.3f %9.3f %9.3f %9.2f %8.0f%% %7.0f%% %8.1f\n", c.name.c_str(), k_ms,
+                s_ms, r_ms, limit_ms, ratio, 100 * fraction, 100 * limit_ms / k_ms,
                 bytes / (k_ms * 1e-3) / 1e9);
     std::fflush(stdout);
   }
