@@ -307,8 +307,6 @@ bool decode_serves(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   return q_len < kv_len && q_len <= kPrefillMaxQueries && flash_serves(q, k, v, spec);
 }
 
-// the batch narrowed to b, and every key-indexed tensor (document ids,
-// boolean mask, bias) narrowed from the table's `logical_len` keys to `len`.
 AttentionSpec paged_sequence_spec(const AttentionSpec& spec, std::int64_t b, std::int64_t batch,
                                   std::int64_t len, std::int64_t logical_len) {
   AttentionSpec s = batch_slice(spec, b, batch);
@@ -342,14 +340,16 @@ class Attend {
         kv_heads_(kv_heads),
         value_dim_(value_dim),
         group_(q.size(1) / kv_heads),
-        // The scale is folded into q; query head h reads kv head h / group,
-        // so the group's queries are the rows of one product with that head.
         scale_(scale),
+        // For keel's products the scale is folded into q; query head h reads
+        // kv head h / group, so the group's queries are the rows of one
+        // product with that head.
         qs_(q.to(acc_) * scale) {}
 
   // Sequences [b0, b0 + nb) of q, which see the same keys under `sb`,
-  // against sequences [c0, c0 + nb) of the cache (kv_len keys each), one
-  // block of at most kDecodeMaxQueries queries at a time.
+  // against sequences [c0, c0 + nb) of the cache (kv_len keys each), a
+  // block of queries at a time: kFlashQueryRows on the flash kernel,
+  // kDecodeMaxQueries with keel's products (their scores are materialised).
   void sequences(std::int64_t b0, std::int64_t nb, const CacheSide& k, const CacheSide& v,
                  std::int64_t c0, std::int64_t kv_len, const AttentionSpec& sb) {
     const MaskGeometry g{nb, q_heads_, q_len_, kv_len};

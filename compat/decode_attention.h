@@ -1,13 +1,16 @@
-// keel's decode kernel: a few queries (Lq <= kDecodeMaxQueries: one decode
-// step, or speculative verification) against a long key/value cache, where
-// the cost is reading the cache, contiguous or paged. For each sequence it reads only the keys the
-// mask leaves visible (a window, a key-padding length, a document), and each
-// key/value head once for its whole group of query heads: the queries of a
-// group are the rows of one matrix product with that head's keys, so
-// grouped-query caches are never expanded and never copied (a narrow cache,
-// bfloat16 or float16, is widened a bounded tile at a time). Plain ATen
-// ops around keel's tile fill, differentiable through autograd on a
-// contiguous cache; every score modifier and mask kind.
+// keel's kernel for attention against a KV cache, where the cost is reading
+// the cache: decode (Lq <= kDecodeMaxQueries: one step, or speculative
+// verification), chunked prefill (Lq < Lk), and paged caches. For each
+// sequence it reads only the keys the mask leaves visible (a window, a
+// key-padding length, a document), and each key/value head once for its
+// whole group of query heads: the queries of a group are the rows of one
+// head, for libtorch's CPU flash kernel over a view of the visible keys
+// (masked there when not every query sees every key), or for keel's own
+// matrix products where the flash kernel cannot serve (score modifiers,
+// Ev != E, float64, a paged cache, an lse that autograd must reach). The
+// cache is never expanded or copied whole: keel's products read a narrow
+// (16-bit) cache or pages through a bounded tile. Differentiable through
+// autograd on a contiguous cache; every score modifier and mask kind.
 #pragma once
 
 #include <cstdint>

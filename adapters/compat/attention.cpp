@@ -145,16 +145,19 @@ CapabilityInfo attention_capability() {
                 "ALiBi",
                 "bias",
                 "GQA/MQA",
-                "decode (Lq <= 16)",
+                "decode (Lq <= 16) and chunked prefill",
                 "paged KV cache (inference)",
                 "log-sum-exp",
                 "autograd"};
   c.implementation =
       "compat::paged_attention for a paged cache on the CPU (pages read in place through a "
       "bounded tile; gathered per sequence on other devices); "
-      "compat::decode_attention for Lq <= 16 on the CPU (decode, speculative verification: each "
-      "kv head read once for its query group, only the visible keys of each sequence, no copy "
-      "of the cache); at::scaled_dot_product_attention for dense calls it computes exactly (no "
+      "compat::decode_attention on the CPU for Lq <= 16 (decode, speculative verification) and "
+      "chunked prefill (Lq < Lk <= 1024, no score modifier): each kv head read once for its "
+      "query group, only the visible keys of each sequence, no copy of the cache, on "
+      "at::_scaled_dot_product_flash_attention_for_cpu with the group's queries as rows where it "
+      "serves, keel's products otherwise; at::scaled_dot_product_attention for dense calls it "
+      "computes exactly (no "
       "mask, causal, a "
       "boolean mask without empty rows, a finite bias without gradient; no softcap or lse); "
       "compat::block_sparse_attention otherwise: blocks of 128 classified from the mask spec, "
