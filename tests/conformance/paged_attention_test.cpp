@@ -203,7 +203,6 @@ TEST_P(PagedConformance, EachSequenceMatchesFloat64ReferenceOnItsOwnKeys) {
   const AttentionOutput got = run(p.q, p.cache, spec);
   ASSERT_TRUE(got.out.defined());
   ASSERT_EQ(got.out.sizes(), at::IntArrayRef({c.shape.B, c.shape.Hq, c.shape.Lq, c.shape.Ev}));
-  EXPECT_NE(got.dispatch.reason.find("paged"), std::string::npos) << got.dispatch.reason;
   for (std::int64_t b = 0; b < c.shape.B; ++b) {
     SCOPED_TRACE("sequence " + std::to_string(b));
     const std::int64_t len = c.lengths[b];
