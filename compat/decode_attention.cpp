@@ -291,8 +291,11 @@ bool flash_serves(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const AttentionSpec& spec) {
   const bool lse_on_graph = spec.return_lse && at::GradMode::is_enabled() &&
                             (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  // The kernel divides by its sizes: an empty tensor (head dim 0 included)
+  // keeps keel's products, which take it.
+  const bool empty = q.numel() == 0 || k.numel() == 0 || v.numel() == 0;
   return spec.softcap == 0 && !spec.alibi_slopes.defined() && !spec.bias.defined() &&
-         v.size(3) == q.size(3) && q.scalar_type() != at::kDouble && !lse_on_graph;
+         v.size(3) == q.size(3) && q.scalar_type() != at::kDouble && !lse_on_graph && !empty;
 }
 
 }  // namespace
