@@ -400,9 +400,7 @@ class Attend {
              std::vector<at::Tensor>& lses) {
     const std::int64_t len = range.hi - range.lo;
     read_ += static_cast<double>(nb * len);
-    const at::Tensor qg = qs_.narrow(0, b0, nb)
-                              .narrow(2, q0, rows)
-                              .reshape({nb, kv_heads_, group_ * rows, qs_.size(3)});
+    const at::Tensor qg = group_rows(qs_, b0, nb, q0, rows);
     at::Tensor s = cache_matmul(qg, k, c0, nb, range.lo, len, /*keys_are_columns=*/true, acc_)
                        .view({nb, q_heads_, rows, len});
     if (sb.softcap > 0) s = (s / sb.softcap).tanh() * sb.softcap;
@@ -442,9 +440,7 @@ class Attend {
                    std::vector<at::Tensor>& lses) {
     const std::int64_t len = range.hi - range.lo;
     read_ += static_cast<double>(nb * len);
-    const at::Tensor qh = q_.narrow(0, b0, nb)
-                              .narrow(2, q0, rows)
-                              .reshape({nb, kv_heads_, group_ * rows, q_.size(3)});
+    const at::Tensor qh = group_rows(q_, b0, nb, q0, rows);
     const at::Tensor kb = k.narrow(0, c0, nb).narrow(2, range.lo, len);
     const at::Tensor vb = v.narrow(0, c0, nb).narrow(2, range.lo, len);
     std::optional<at::Tensor> mask;
@@ -467,6 +463,15 @@ class Attend {
     if (nonempty.defined()) l = l.masked_fill(nonempty.logical_not(), kMinusInf);
     outs.push_back(o.reshape({nb, q_heads_, rows, value_dim_}).to(acc_));
     lses.push_back(l.reshape({nb, q_heads_, rows}).to(acc_));
+  }
+
+  // Queries [q0, q0 + rows) of sequences [b0, b0 + nb) of `t` ([B, Hq, Lq,
+  // E]) as the rows of their kv heads: [nb, Hkv, group * rows, E].
+  at::Tensor group_rows(const at::Tensor& t, std::int64_t b0, std::int64_t nb, std::int64_t q0,
+                        std::int64_t rows) const {
+    return t.narrow(0, b0, nb)
+        .narrow(2, q0, rows)
+        .reshape({nb, kv_heads_, group_ * rows, t.size(3)});
   }
 
   const at::Tensor& q_;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -98,6 +99,15 @@ class AdapterAndCase : public ::testing::TestWithParam<std::tuple<Backend, std::
 inline std::string adapter_and_case_name(
     const ::testing::TestParamInfo<std::tuple<Backend, std::string>>& info) {
   return std::string(to_string(std::get<0>(info.param))) + "_" + std::get<1>(info.param);
+}
+
+// The case of `cases` named `name` (a suite's parameter).
+template <class Cases>
+const auto& case_named(const Cases& cases, const std::string& name) {
+  for (const auto& c : cases) {
+    if (c.name == name) return c;
+  }
+  throw std::logic_error("no case named " + name);
 }
 
 template <class Cases>

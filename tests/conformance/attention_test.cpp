@@ -746,12 +746,7 @@ const std::vector<DecodeCase>& decode_cases() {
 
 class DecodeConformance : public AdapterAndCase {
  protected:
-  const DecodeCase& the_case() const {
-    for (const DecodeCase& c : decode_cases()) {
-      if (c.name == case_name()) return c;
-    }
-    throw std::logic_error("no decode case " + case_name());
-  }
+  const DecodeCase& the_case() const { return case_named(decode_cases(), case_name()); }
   AttentionOutput run(const Qkv& x, AttentionSpec spec) const {
     spec.dispatch.backend = adapter();
     auto r = attention(x.q, x.k, x.v, spec);
@@ -866,9 +861,7 @@ class MaskExtremes : public AdapterAndCase {};
 
 TEST_P(MaskExtremes, DefinedMeaningOrInvalidArgument) {
   const std::vector<ExtremeCase> cases = extreme_cases();
-  const auto it = std::find_if(cases.begin(), cases.end(),
-                               [&](const ExtremeCase& c) { return c.name == case_name(); });
-  ASSERT_NE(it, cases.end());
+  const ExtremeCase* it = &case_named(cases, case_name());
   for (std::int64_t lq : {5, 40}) {
     SCOPED_TRACE(::testing::Message() << "Lq " << lq);
     Shape s;

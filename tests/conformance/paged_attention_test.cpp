@@ -178,12 +178,7 @@ const std::vector<PagedCase>& paged_cases() {
 
 class PagedConformance : public AdapterAndCase {
  protected:
-  const PagedCase& the_case() const {
-    for (const PagedCase& c : paged_cases()) {
-      if (c.name == case_name()) return c;
-    }
-    throw std::logic_error("no paged case " + case_name());
-  }
+  const PagedCase& the_case() const { return case_named(paged_cases(), case_name()); }
   AttentionOutput run(const at::Tensor& q, const PagedKVCache& cache, AttentionSpec spec) const {
     spec.dispatch.backend = adapter();
     auto r = attention(q, cache, spec);
@@ -341,11 +336,7 @@ class PagedBadInputTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PagedBadInputTest, IsAnErrorNamingTheFieldNeverARead) {
   at::manual_seed(20261203);
-  const PagedBadInput* c = nullptr;
-  for (const PagedBadInput& x : paged_bad_inputs()) {
-    if (x.name == GetParam()) c = &x;
-  }
-  ASSERT_NE(c, nullptr);
+  const PagedBadInput* c = &case_named(paged_bad_inputs(), GetParam());
   // 2 sequences of 40 and 20 keys, 4 table entries of 16 keys each.
   Paged p = make_paged(decode_shape(2, 4, 2, 1, 64, 32, 32), at::kFloat, 16, {40, 20});
   AttentionSpec spec;
