@@ -253,8 +253,10 @@ at::Tensor cache_matmul(const at::Tensor& a, const CacheSide& side, std::int64_t
     if (view.scalar_type() == acc) return product(a, view);
     if (view.numel() == 0) return product(a, view.to(acc));  // no elements to pace
   }
-  const bool on_graph =
-      side.pages == nullptr && at::GradMode::is_enabled() && side.t.requires_grad();
+  // Autograd keeps the keys of each product for its backward: a tile that
+  // is refilled cannot be those keys when any operand needs a gradient.
+  const bool on_graph = side.pages == nullptr && at::GradMode::is_enabled() &&
+                        (side.t.requires_grad() || a.requires_grad());
   const std::int64_t step =
       std::max<std::int64_t>(16, kConvertElements / std::max<std::int64_t>(1, nb * heads * x));
   at::Tensor tile;
