@@ -81,15 +81,38 @@ struct Grads {
   }
 };
 
+// The class weights' terms that span the whole vocabulary: each token's
+// w[y] ([N], accumulation dtype; a shard holds only some of them) and the
+// sum of all w. Forward computes them (across the ranks for a shard) and
+// backward reuses them.
+struct TargetWeights {
+  at::Tensor per_token;
+  double sum = 0.0;
+};
+
 struct Problem {
   at::Tensor hidden;
   at::Tensor weight;
   at::Tensor bias;
   at::Tensor target;
-  at::Tensor class_weights;  // detached, accumulation dtype, or undefined
-  double class_weight_sum = 0.0;
+  at::Tensor class_weights;      // detached, accumulation dtype, or undefined
+  TargetWeights target_weights;  // defined with class_weights
   at::ScalarType acc = at::kFloat;
-  ChunkPlan plan;
+  ChunkPlan plan;                // plan.vocab <= weight.size(0)
+  std::int64_t vocab = 0;        // the whole vocabulary (weight.size(0) unless sharded)
+  std::int64_t vocab_start = 0;  // the class of weight's row 0
+  const VocabShard* shard = nullptr;
+  // Whether a block holds whole rows on every rank (on the largest shard).
+  bool whole_rows_everywhere = false;
+
+  // Whether classes [v0, v0 + v) are the whole vocabulary, all on this rank.
+  bool whole_vocabulary(std::int64_t v0, std::int64_t v) const {
+    return shard == nullptr && v0 == 0 && v == weight.size(0);
+  }
+  // Token targets in this rank's row numbering (may fall outside it).
+  at::Tensor local_targets(const at::Tensor& y_safe) const {
+    return vocab_start == 0 ? y_safe : y_safe - vocab_start;
+  }
 };
 
 std::int64_t element_size(at::ScalarType t) {
@@ -136,21 +159,48 @@ at::Tensor row_sum(const at::Tensor& block) {
   return ordered_sum(block.view({-1})).view({1, 1});
 }
 
+// Each token's w[y] and the sum of w. A shard contributes the w[y] of the
+// targets it holds (0 for the others, so the sum over the ranks is exact)
+// and its own partial sum, gathered once.
+TargetWeights target_weights(const Problem& p, const LinearCrossEntropyConfig& config) {
+  const at::Tensor y_safe = p.target.masked_fill(p.target.eq(config.ignore_index), 0);
+  const at::Tensor& cw = p.class_weights;
+  if (p.shard == nullptr) return {cw.index_select(0, y_safe), ordered_sum(cw).item<double>()};
+  const std::int64_t held = cw.size(0);
+  const at::Tensor local = p.local_targets(y_safe);
+  const at::Tensor outside = local.lt(0).logical_or_(local.ge(held));
+  const at::Tensor mine = cw.index_select(0, local.clamp(0, held - 1)).masked_fill_(outside, 0);
+  const at::Tensor all = p.shard->gather(at::cat({mine, ordered_sum(cw).reshape({1})})).sum(0);
+  const std::int64_t n = p.target.size(0);
+  return {all.narrow(0, 0, n), all[n].item<double>()};
+}
+
+// `known`: the target weights forward computed, for backward (which then
+// needs no collective); null in forward.
 Problem make_problem(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
                      const at::Tensor& target, const at::Tensor& class_weights,
-                     const LinearCrossEntropyConfig& config, bool grad) {
+                     const LinearCrossEntropyConfig& config, bool grad,
+                     const TargetWeights* known = nullptr) {
   Problem p;
   p.hidden = hidden;
   p.weight = weight;
   p.bias = bias;
   p.target = target;
   p.acc = accumulation_dtype(hidden.scalar_type(), config);
+  p.shard = config.shard.get();
+  p.vocab = p.shard != nullptr ? p.shard->vocab : weight.size(0);
+  p.vocab_start = p.shard != nullptr ? p.shard->start : 0;
   if (class_weights.defined()) {
     p.class_weights = class_weights.detach().to(p.acc).contiguous();
-    p.class_weight_sum = ordered_sum(p.class_weights).item<double>();
+    p.target_weights = known != nullptr ? *known : target_weights(p, config);
   }
-  p.plan = plan_chunks(hidden.size(0), hidden.size(1), weight.size(0), hidden.scalar_type(), config,
+  // Every rank plans for the largest shard, so that all cut the tokens
+  // alike and make the same collectives.
+  const std::int64_t planned = p.shard != nullptr ? p.shard->largest : weight.size(0);
+  p.plan = plan_chunks(hidden.size(0), hidden.size(1), planned, hidden.scalar_type(), config,
                        class_weights.defined(), grad);
+  p.whole_rows_everywhere = p.plan.vocab >= planned;
+  p.plan.vocab = std::min(p.plan.vocab, weight.size(0));
   return p;
 }
 
@@ -216,7 +266,7 @@ void collect_terms(TokenTerms* terms, const at::Tensor& b, const at::Tensor& y_s
                    std::int64_t v0, const Problem& p, const LinearCrossEntropyConfig& config,
                    const at::Tensor& scratch) {
   const std::int64_t v = b.size(1);
-  if (v0 == 0 && v == p.weight.size(0)) {
+  if (p.whole_vocabulary(v0, v)) {
     terms->target_logit = b.gather(1, y_safe.unsqueeze(1)).squeeze(1);
   } else {
     const at::Tensor inside = y_safe.ge(v0).logical_and_(y_safe.lt(v0 + v));
@@ -237,6 +287,19 @@ void collect_terms(TokenTerms* terms, const at::Tensor& b, const at::Tensor& y_s
   }
 }
 
+// A shard's chunk: the whole vocabulary's lse and terms from every rank's
+// (gathered in rank order, so that every rank gets the same bits): the lse
+// by a log-sum-exp over the ranks, the target logit (held by one rank, 0 on
+// the others) and the smoothing sum by a sum.
+at::Tensor combine_shards(const Problem& p, const at::Tensor& lse, TokenTerms* terms) {
+  std::vector<at::Tensor> parts{lse, terms->target_logit};
+  if (terms->smooth_dot.defined()) parts.push_back(terms->smooth_dot);
+  const at::Tensor all = p.shard->gather(at::stack(parts));  // [ranks, parts, n]
+  terms->target_logit = all.select(1, 1).sum(0);
+  if (terms->smooth_dot.defined()) terms->smooth_dot = all.select(1, 2).sum(0);
+  return at::logsumexp(all.select(1, 0), 0);
+}
+
 // Token i's loss, with w the class weights (1 when none), s the smoothing,
 // l the (soft-capped) logits and lse their log-sum-exp:
 //   (1 - s) w[y] (lse - l[y]) + (s / V) sum_c w[c] (lse - l[c]) + z lse^2.
@@ -244,11 +307,11 @@ at::Tensor per_token_loss(const at::Tensor& lse, const TokenTerms& terms, const 
                           const at::Tensor& ignored, const Problem& p,
                           const LinearCrossEntropyConfig& config) {
   const double s = config.label_smoothing;
-  const auto vocab = static_cast<double>(p.weight.size(0));
+  const auto vocab = static_cast<double>(p.vocab);
   at::Tensor loss = lse - terms.target_logit;
   if (w_y.defined()) loss.mul_(w_y);
   if (s > 0) {
-    const double mass = p.class_weights.defined() ? p.class_weight_sum : vocab;
+    const double mass = p.class_weights.defined() ? p.target_weights.sum : vocab;
     const at::Tensor smooth = (lse * mass).sub_(terms.smooth_dot);
     loss.mul_(1.0 - s).add_(smooth, s / vocab);
   }
@@ -269,8 +332,8 @@ struct GradFactors {
 GradFactors grad_factors(const at::Tensor& lse, const at::Tensor& w_y, const at::Tensor& tok,
                          const Problem& p, const LinearCrossEntropyConfig& config) {
   const double s = config.label_smoothing;
-  const auto vocab = static_cast<double>(p.weight.size(0));
-  const double smooth_mass = s / vocab * (p.class_weights.defined() ? p.class_weight_sum : vocab);
+  const auto vocab = static_cast<double>(p.vocab);
+  const double smooth_mass = s / vocab * (p.class_weights.defined() ? p.target_weights.sum : vocab);
   at::Tensor coef = w_y.defined() ? w_y * (1.0 - s) : at::full_like(lse, 1.0 - s);
   at::Tensor hit = coef * tok;
   coef.add_(smooth_mass);
@@ -286,8 +349,8 @@ void finish_logit_gradient(const at::Tensor& g, const GradFactors& f, const at::
                            const LinearCrossEntropyConfig& config, const at::Tensor& deriv) {
   const std::int64_t v = g.size(1);
   const double s = config.label_smoothing;
-  const auto vocab = static_cast<double>(p.weight.size(0));
-  if (v0 == 0 && v == p.weight.size(0)) {
+  const auto vocab = static_cast<double>(p.vocab);
+  if (p.whole_vocabulary(v0, v)) {
     g.scatter_add_(1, y_safe.unsqueeze(1), f.hit.neg().unsqueeze(1));
   } else {
     const at::Tensor inside = y_safe.ge(v0).logical_and_(y_safe.lt(v0 + v));
@@ -355,8 +418,8 @@ void forward_pass(const Problem& p, const LinearCrossEntropyConfig& config,
                   Grads* grads, const Wants& wants) {
   const std::int64_t n_tokens = p.hidden.size(0);
   const std::int64_t vocab = p.weight.size(0);
-  const bool whole_rows = p.plan.vocab == vocab;
-  TORCH_INTERNAL_ASSERT(grads == nullptr || whole_rows, "gradients in forward need whole rows");
+  TORCH_INTERNAL_ASSERT(grads == nullptr || p.plan.vocab == vocab,
+                        "gradients in forward need whole rows");
   const Workspace ws(p, config, grads != nullptr);
   const at::Tensor& cw = p.class_weights;
   for (std::int64_t start = 0; start < n_tokens; start += p.plan.tokens) {
@@ -364,12 +427,13 @@ void forward_pass(const Problem& p, const LinearCrossEntropyConfig& config,
     const at::Tensor h = p.hidden.narrow(0, start, n);
     const at::Tensor y = p.target.narrow(0, start, n);
     const at::Tensor ignored = y.eq(config.ignore_index);
-    const at::Tensor y_safe = y.masked_fill(ignored, 0);
-    const at::Tensor w_y = cw.defined() ? cw.index_select(0, y_safe) : at::Tensor();
+    const at::Tensor y_safe = p.local_targets(y.masked_fill(ignored, 0));
+    const at::Tensor w_y =
+        cw.defined() ? p.target_weights.per_token.narrow(0, start, n) : at::Tensor();
     const auto acc_options = p.hidden.options().dtype(p.acc);
 
     TokenTerms terms;
-    if (!whole_rows) terms.target_logit = at::zeros({n}, acc_options);
+    if (!p.whole_vocabulary(0, p.plan.vocab)) terms.target_logit = at::zeros({n}, acc_options);
     if (config.label_smoothing > 0) terms.smooth_dot = at::zeros({n}, acc_options);
     at::Tensor running_max;  // [n, 1]
     at::Tensor running_sum;  // [n, 1], of exp(l - running_max)
@@ -399,7 +463,8 @@ void forward_pass(const Problem& p, const LinearCrossEntropyConfig& config,
       }
       running_max = new_max;
     }
-    const at::Tensor lse_c = running_sum.log().add_(running_max).squeeze(1);
+    at::Tensor lse_c = running_sum.log().add_(running_max).squeeze(1);
+    if (p.shard != nullptr) lse_c = combine_shards(p, lse_c, &terms);
     if (per_token != nullptr) {
       per_token->narrow(0, start, n).copy_(per_token_loss(lse_c, terms, w_y, ignored, p, config));
     }
@@ -407,10 +472,14 @@ void forward_pass(const Problem& p, const LinearCrossEntropyConfig& config,
     if (grads == nullptr) continue;
 
     // Whole rows: the block still holds exp(l - max); scaled by
-    // coef / sum it is p * coef, and becomes the logit gradient in place.
+    // coef / sum it is p * coef, and becomes the logit gradient in place. A
+    // shard's sum is not the whole vocabulary's: it scales by
+    // coef * exp(max - lse) instead.
     const GradFactors f = grad_factors(lse_c, w_y, token_scale.narrow(0, start, n), p, config);
     const at::Tensor g = ws.block(n, vocab);
-    g.mul_((f.coef.unsqueeze(1) / running_sum));
+    const at::Tensor coef = f.coef.unsqueeze(1);
+    g.mul_(p.shard == nullptr ? coef / running_sum
+                              : coef * (running_max - lse_c.unsqueeze(1)).exp_());
     finish_logit_gradient(g, f, y_safe, 0, p, config, deriv);
     fold_gradient(grads, g, p, ws, h, start, 0, /*first_block=*/true, at::Tensor(), wants);
     grads->end_chunk(start + n >= n_tokens);
@@ -431,8 +500,9 @@ void gradient_pass(const Problem& p, const LinearCrossEntropyConfig& config,
     const std::int64_t n = std::min(p.plan.tokens, n_tokens - start);
     const at::Tensor h = p.hidden.narrow(0, start, n);
     const at::Tensor y = p.target.narrow(0, start, n);
-    const at::Tensor y_safe = y.masked_fill(y.eq(config.ignore_index), 0);
-    const at::Tensor w_y = cw.defined() ? cw.index_select(0, y_safe) : at::Tensor();
+    const at::Tensor y_safe = p.local_targets(y.masked_fill(y.eq(config.ignore_index), 0));
+    const at::Tensor w_y =
+        cw.defined() ? p.target_weights.per_token.narrow(0, start, n) : at::Tensor();
     const at::Tensor lse_c = lse.narrow(0, start, n);
     const GradFactors f = grad_factors(lse_c, w_y, token_scale.narrow(0, start, n), p, config);
     const at::Tensor lse_col = lse_c.unsqueeze(1);
@@ -485,8 +555,7 @@ std::pair<at::Tensor, at::Tensor> scale_and_denominator(const Problem& p,
   const at::Tensor kept = p.target.ne(config.ignore_index);
   at::Tensor denominator;
   if (p.class_weights.defined()) {
-    const at::Tensor y_safe = p.target.masked_fill(kept.logical_not(), 0);
-    denominator = ordered_sum(p.class_weights.index_select(0, y_safe).mul_(kept));
+    denominator = ordered_sum(p.target_weights.per_token.mul(kept));
   } else {
     denominator = kept.sum().to(p.acc);
   }
@@ -509,50 +578,36 @@ at::Tensor reduce(const at::Tensor& per_token, const at::Tensor& denominator,
   return per_token.clone();
 }
 
-void save_config(AutogradContext* ctx, const LinearCrossEntropyConfig& config, const Wants& wants) {
-  ctx->saved_data["reduction"] = static_cast<std::int64_t>(config.reduction);
-  ctx->saved_data["ignore_index"] = config.ignore_index;
-  ctx->saved_data["label_smoothing"] = config.label_smoothing;
-  ctx->saved_data["z_loss"] = config.z_loss;
-  ctx->saved_data["logit_softcap"] = config.logit_softcap;
-  ctx->saved_data["chunk_size"] = config.chunk_size;
-  ctx->saved_data["vocab_chunk_size"] = config.vocab_chunk_size;
-  ctx->saved_data["budget_bytes"] = config.budget_bytes;
-  ctx->saved_data["accumulation"] = static_cast<std::int64_t>(config.accumulation);
-  ctx->saved_data["wants_hidden"] = wants.hidden;
-  ctx->saved_data["wants_weight"] = wants.weight;
-  ctx->saved_data["wants_bias"] = wants.bias;
-}
-
-LinearCrossEntropyConfig load_config(AutogradContext* ctx, Wants* wants) {
+// What backward needs beside the saved tensors, typed: the call's config,
+// which inputs want a gradient, and (when forward formed them) the
+// gradients that the first backward takes over.
+struct SavedState : torch::CustomClassHolder {
   LinearCrossEntropyConfig config;
-  config.reduction = static_cast<LossReduction>(ctx->saved_data["reduction"].toInt());
-  config.ignore_index = ctx->saved_data["ignore_index"].toInt();
-  config.label_smoothing = ctx->saved_data["label_smoothing"].toDouble();
-  config.z_loss = ctx->saved_data["z_loss"].toDouble();
-  config.logit_softcap = ctx->saved_data["logit_softcap"].toDouble();
-  config.chunk_size = ctx->saved_data["chunk_size"].toInt();
-  config.vocab_chunk_size = ctx->saved_data["vocab_chunk_size"].toInt();
-  config.budget_bytes = ctx->saved_data["budget_bytes"].toInt();
-  config.accumulation = static_cast<at::ScalarType>(ctx->saved_data["accumulation"].toInt());
-  wants->hidden = ctx->saved_data["wants_hidden"].toBool();
-  wants->weight = ctx->saved_data["wants_weight"].toBool();
-  wants->bias = ctx->saved_data["wants_bias"].toBool();
-  return config;
-}
+  Wants wants;
+  at::ScalarType weight_dtype = at::kFloat;
+  double class_weight_sum = 0.0;
+  bool gradients_ready = false;  // forward formed the gradients
+  bool consumed = false;         // and a backward took them
+  Grads grads;
+};
 
-at::Tensor take(AutogradContext* ctx, const std::string& key) {
-  auto it = ctx->saved_data.find(key);
-  if (it == ctx->saved_data.end()) return {};
-  at::Tensor t = it->second.toTensor();
-  ctx->saved_data.erase(it);
-  return t;
-}
+// The tensors saved for the recomputing backward, in this order.
+enum Slot : std::size_t {
+  kHidden,
+  kWeight,
+  kBias,
+  kTarget,
+  kClassWeights,
+  kTargetWeights,
+  kLse,
+  kScale,
+};
 
 // Whether the gradients are formed in forward (whole rows, mean or sum) or
-// recomputed in backward from the saved lse.
+// recomputed in backward from the saved lse. Decided alike on every rank of
+// a shard's group.
 bool gradients_in_forward(const Problem& p, const LinearCrossEntropyConfig& config) {
-  return config.reduction != LossReduction::none && p.plan.vocab == p.weight.size(0);
+  return config.reduction != LossReduction::none && p.whole_rows_everywhere;
 }
 
 // An upstream gradient of exactly 1 (what loss.backward() sends) needs no
@@ -576,23 +631,24 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
     auto [scale, denominator] = scale_and_denominator(p, config);
     at::Tensor per_token = at::empty({hidden.size(0)}, hidden.options().dtype(p.acc));
     at::Tensor lse = at::empty_like(per_token);
-    save_config(ctx, config, wants);
-    ctx->saved_data["weight_dtype"] = static_cast<std::int64_t>(weight.scalar_type());
-    if (!gradients_in_forward(p, config)) {
+    auto state = c10::make_intrusive<SavedState>();
+    state->config = config;
+    state->wants = wants;
+    state->weight_dtype = weight.scalar_type();
+    state->class_weight_sum = p.target_weights.sum;
+    if (gradients_in_forward(p, config)) {
+      state->grads = allocate_grads(p, wants);
+      forward_pass(p, config, scale, &per_token, &lse, &state->grads, wants);
+      if (p.shard != nullptr && wants.hidden) p.shard->sum(state->grads.hidden);
+      state->gradients_ready = true;
+    } else {
       // Backward recomputes the blocks from the saved lse, with the
       // upstream gradient (per token for none).
       forward_pass(p, config, {}, &per_token, &lse, nullptr, wants);
-      ctx->save_for_backward({hidden, weight, b, target, class_weights, lse, scale});
-      at::Tensor loss = reduce(per_token, denominator, config.reduction);
-      ctx->mark_non_differentiable({lse, per_token});
-      return {loss, lse, per_token};
+      ctx->save_for_backward(
+          {hidden, weight, b, target, class_weights, p.target_weights.per_token, lse, scale});
     }
-    Grads grads = allocate_grads(p, wants);
-    forward_pass(p, config, scale, &per_token, &lse, &grads, wants);
-    if (grads.hidden.defined()) ctx->saved_data["grad_hidden"] = grads.hidden;
-    if (grads.weight.defined()) ctx->saved_data["grad_weight"] = grads.weight;
-    if (grads.bias.defined()) ctx->saved_data["grad_bias"] = grads.bias;
-    ctx->saved_data["consumed"] = false;
+    ctx->saved_data["state"] = c10::IValue::make_capsule(std::move(state));
     at::Tensor loss = reduce(per_token, denominator, config.reduction);
     ctx->mark_non_differentiable({lse, per_token});
     return {loss, lse, per_token};
@@ -604,40 +660,40 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
                 "supported: keel computes the gradients inside the forward pass, so they are "
                 "not differentiable; use the naive at::linear + at::cross_entropy_loss for "
                 "double backward");
-    Wants wants;
-    const LinearCrossEntropyConfig config = load_config(ctx, &wants);
+    auto* state = dynamic_cast<SavedState*>(ctx->saved_data["state"].toCapsule().get());
+    TORCH_INTERNAL_ASSERT(state != nullptr, "keel::linear_cross_entropy: no saved state");
+    const LinearCrossEntropyConfig& config = state->config;
+    const Wants& wants = state->wants;
     const at::Tensor& upstream = grad_outputs[0];
     Grads grads;
-    if (ctx->saved_data.find("consumed") == ctx->saved_data.end()) {
+    if (!state->gradients_ready) {
       const variable_list saved = ctx->get_saved_variables();
-      const Problem p =
-          make_problem(saved[0], saved[1], saved[2], saved[3], saved[4], config, true);
-      // saved[6] is 1 / denominator (mean) or 1 per kept token, 0 per
+      const TargetWeights known{saved[kTargetWeights], state->class_weight_sum};
+      const Problem p = make_problem(saved[kHidden], saved[kWeight], saved[kBias], saved[kTarget],
+                                     saved[kClassWeights], config, true, &known);
+      // The scale is 1 / denominator (mean) or 1 per kept token, 0 per
       // ignored one; the upstream gradient is a scalar or per token.
-      const at::Tensor scale = saved[6] * upstream.to(p.acc);
+      const at::Tensor scale = saved[kScale] * upstream.to(p.acc);
       grads = allocate_grads(p, wants);
-      gradient_pass(p, config, scale, saved[5], &grads, wants);
+      gradient_pass(p, config, scale, saved[kLse], &grads, wants);
+      if (p.shard != nullptr && wants.hidden) p.shard->sum(grads.hidden);
     } else {
-      TORCH_CHECK(!ctx->saved_data["consumed"].toBool(),
+      TORCH_CHECK(!state->consumed,
                   "keel::linear_cross_entropy: backward ran twice through one loss with "
                   "reduction mean or sum; keel hands its precomputed gradients to the first "
                   "backward (to save memory), so compute the loss again for a second one");
-      ctx->saved_data["consumed"] = true;
+      state->consumed = true;
       // The saved gradients are handed over and scaled in place: keeping a
       // copy would double the weight gradient's memory.
-      grads.hidden = take(ctx, "grad_hidden");
-      grads.weight = take(ctx, "grad_weight");
-      grads.bias = take(ctx, "grad_bias");
+      grads = std::exchange(state->grads, Grads());
       if (!is_one(upstream)) {
         for (at::Tensor* t : {&grads.hidden, &grads.weight, &grads.bias}) {
           if (t->defined()) t->mul_(upstream);
         }
       }
     }
-    const auto& weight_dtype = ctx->saved_data["weight_dtype"];
-    const auto dtype = static_cast<at::ScalarType>(weight_dtype.toInt());
-    if (grads.weight.defined()) grads.weight = grads.weight.to(dtype);
-    if (grads.bias.defined()) grads.bias = grads.bias.to(dtype);
+    if (grads.weight.defined()) grads.weight = grads.weight.to(state->weight_dtype);
+    if (grads.bias.defined()) grads.bias = grads.bias.to(state->weight_dtype);
     return {grads.hidden, grads.weight, grads.bias, {}, {}, {}, {}};
   }
 };

@@ -19,6 +19,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 
 #include <ATen/core/Tensor.h>
 
@@ -38,6 +40,27 @@ enum class LossReduction : std::uint8_t { mean, sum, none };
 constexpr std::int64_t kMinAutomaticBudgetBytes = std::int64_t{8} << 20;
 constexpr std::int64_t kGradientBytesPerBudgetByte = 8;
 
+// Vocabulary parallelism: this rank's weight (and bias, class weights) hold
+// classes [start, start + weight.size(0)) of `vocab` classes, the other
+// ranks of a group the rest; hidden and target are the same on every rank.
+// The kernel combines per-token vectors across the ranks, never [N, V]
+// blocks: per token chunk one `gather` of [k, n] (the local lse, target
+// logit and smoothing sum; rank order, so every rank computes bitwise the
+// same loss), once per call the class weights of the targets and their sum,
+// and grad_hidden once through `sum`. Both callbacks throw on failure. Every
+// rank must make the same calls in the same order, so the chunking is
+// planned for `largest` classes on every rank, and whether the gradients
+// are formed in forward is decided for that largest shard.
+struct VocabShard {
+  std::int64_t start = 0;    // the first class of this rank's shard
+  std::int64_t vocab = 0;    // the whole vocabulary, V
+  std::int64_t largest = 0;  // the largest shard's class count
+  // [k...] -> [ranks, k...]: every rank's tensor, in rank order.
+  std::function<at::Tensor(const at::Tensor&)> gather;
+  // Elementwise sum across the ranks, in place.
+  std::function<void(const at::Tensor&)> sum;
+};
+
 struct LinearCrossEntropyConfig {
   LossReduction reduction = LossReduction::mean;
   std::int64_t ignore_index = -100;
@@ -49,6 +72,8 @@ struct LinearCrossEntropyConfig {
   std::int64_t budget_bytes = 0;      // 0 = automatic
   // float32 or float64; Undefined = float64 for float64 input, else float32.
   at::ScalarType accumulation = at::ScalarType::Undefined;
+  // Set for a vocabulary-parallel call; null for the whole vocabulary.
+  std::shared_ptr<const VocabShard> shard;
 };
 
 // How a call is cut: `tokens` rows per chunk, `vocab` classes per block
@@ -79,7 +104,10 @@ struct LinearCrossEntropyOutputs {
 
 // hidden [N, D] and weight [V, D] of one floating dtype; bias undefined or
 // [V] of that dtype; target int64 [N] in [0, V) or ignore_index;
-// class_weights undefined or floating [V]. Inputs are assumed valid.
+// class_weights undefined or floating [V]. Inputs are assumed valid. With
+// config.shard, V is the shard's class count and targets are in [0,
+// shard->vocab); the results are the whole vocabulary's, the same on every
+// rank, and grad_hidden is summed across the ranks.
 LinearCrossEntropyOutputs chunked_linear_cross_entropy(const at::Tensor& hidden,
                                                        const at::Tensor& weight,
                                                        const at::Tensor& bias,

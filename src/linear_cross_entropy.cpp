@@ -1,7 +1,9 @@
 // keel::linear_cross_entropy: validation, then dispatch.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include <ATen/ATen.h>
 #include <absl/strings/str_cat.h>
@@ -12,6 +14,7 @@
 #include "dispatch/linear_cross_entropy.h"
 #include "guard.h"
 #include "keel/v1/loss.h"
+#include "vocab_parallel.h"
 
 namespace keel {
 inline namespace v1 {
@@ -148,6 +151,16 @@ result<void> validate_options(const at::Tensor& hidden, const at::Tensor& weight
     return r;
   }
   if (result<void> r = validate_vector("options.bias", o.bias, hidden, vocab); !r) return r;
+  if (o.vocab_parallel.vocab_start < 0) {
+    return invalid(absl::StrCat("options.vocab_parallel.vocab_start is ",
+                                o.vocab_parallel.vocab_start, "; expected a class index >= 0"));
+  }
+  if (o.vocab_parallel.vocab_start != 0 && !o.vocab_parallel.communicator.has_value()) {
+    return invalid(absl::StrCat("options.vocab_parallel.vocab_start is ",
+                                o.vocab_parallel.vocab_start,
+                                " but options.vocab_parallel.communicator is unset (a shard "
+                                "needs the group that holds the other classes)"));
+  }
   if (o.bias.defined() && o.bias.scalar_type() != weight.scalar_type()) {
     return invalid(absl::StrCat("options.bias has dtype ", c10::toString(o.bias.scalar_type()),
                                 " but weight has ", c10::toString(weight.scalar_type()),
@@ -171,10 +184,16 @@ std::string check_target_range(const at::Tensor& target, std::int64_t vocab,
   if (min < 0 || max >= vocab) {
     const std::int64_t bad = min < 0 ? min : max;
     return absl::StrCat("target holds ", bad, ", outside [0, ", vocab,
-                        ") (the vocabulary of weight) and not options.ignore_index (", ignore_index,
-                        ")");
+                        ") (the vocabulary) and not options.ignore_index (", ignore_index, ")");
   }
   return {};
+}
+
+result<void> validate(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& target,
+                      const LinearCrossEntropyOptions& options) {
+  if (result<void> r = validate_tensors(hidden, weight, target); !r) return r.error();
+  if (result<void> r = validate_options(hidden, weight, options); !r) return r.error();
+  return success();
 }
 
 }  // namespace
@@ -182,9 +201,20 @@ std::string check_target_range(const at::Tensor& target, std::int64_t vocab,
 result<LossOutput> linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
                                         const at::Tensor& target,
                                         const LinearCrossEntropyOptions& options) {
-  if (result<void> r = validate_tensors(hidden, weight, target); !r) return r.error();
-  if (result<void> r = validate_options(hidden, weight, options); !r) return r.error();
-  const std::int64_t vocab = weight.size(0);
+  const result<void> valid = validate(hidden, weight, target, options);
+  // A vocabulary-parallel call first agrees with the other ranks on the
+  // layout (a rank with bad arguments still takes part, so that none
+  // waits), and learns the whole vocabulary's size.
+  std::optional<internal::VocabShard> shard;
+  if (options.vocab_parallel.communicator.has_value()) {
+    result<internal::VocabShard> agreed =
+        internal::agree_on_vocab_shards(hidden, weight, target, options, valid);
+    if (!agreed) return agreed.error();
+    shard = std::move(agreed).value();
+  } else if (!valid) {
+    return valid.error();
+  }
+  const std::int64_t vocab = shard ? shard->vocab : weight.size(0);
   result<std::string> range = internal::guarded(
       kOp, "core", [&] { return check_target_range(target, vocab, options.ignore_index); });
   if (!range) return range.error();
@@ -196,7 +226,8 @@ result<LossOutput> linear_cross_entropy(const at::Tensor& hidden, const at::Tens
   // The row count is explicit: reshape({-1, D}) cannot infer it when D is 0.
   const at::Tensor hidden_2d = hidden.reshape({target.numel(), hidden.size(-1)});
   const at::Tensor target_1d = target.reshape({-1});
-  const internal::LinearCrossEntropyCall call{hidden_2d, weight, target_1d, options};
+  const internal::LinearCrossEntropyCall call{hidden_2d, weight, target_1d, options,
+                                              shard ? &*shard : nullptr};
   auto selection = internal::select(internal::Registry::builtin(), kOp, request.value(), call,
                                     &internal::Adapter::linear_cross_entropy);
   if (!selection) return selection.error();

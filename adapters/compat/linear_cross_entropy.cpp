@@ -2,6 +2,9 @@
 // (compat/chunked_linear_cross_entropy.*), on ATen ops present since 2.9.
 #include "compat/linear_cross_entropy.h"
 
+#include <memory>
+#include <utility>
+
 #include <ATen/DeviceGuard.h>
 
 #include "chunked_linear_cross_entropy.h"
@@ -48,6 +51,15 @@ internal::LinearCrossEntropyResult CompatLinearCrossEntropy::run(
   config.vocab_chunk_size = o.vocab_chunk_size;
   config.budget_bytes = o.chunk_budget_bytes;  // 0: automatic
   config.accumulation = o.accumulation_dtype;
+  if (call.shard != nullptr) {
+    auto shard = std::make_shared<compat::VocabShard>();
+    shard->start = call.shard->start;
+    shard->vocab = call.shard->vocab;
+    shard->largest = call.shard->largest;
+    shard->gather = call.shard->gather;
+    shard->sum = call.shard->sum;
+    config.shard = std::move(shard);
+  }
   compat::LinearCrossEntropyOutputs out = compat::chunked_linear_cross_entropy(
       call.hidden, call.weight, o.bias, call.target, o.class_weights, config);
   return {std::move(out.loss), std::move(out.per_token_loss), std::move(out.lse)};
@@ -69,7 +81,8 @@ CapabilityInfo CompatLinearCrossEntropy::info() {
                 "vocab_chunk_size (online log-sum-exp, recompute in backward)",
                 "chunk_budget_bytes",
                 "accumulation_dtype float32/float64",
-                "per-token loss and lse"};
+                "per-token loss and lse",
+                "vocab_parallel (weight sharded by vocabulary over a keel::comm::Communicator)"};
   c.implementation =
       "compat::chunked_linear_cross_entropy: token chunks, logits never materialised, "
       "gradients formed in forward into the accumulation-dtype buffers handed to autograd, "

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include <ATen/core/Tensor.h>
 
@@ -16,11 +17,28 @@ namespace keel::internal {
 // [0, V) or equal to options.ignore_index, `bias` and `class_weights`
 // undefined or [V]; chunk sizes, budget and accumulation dtype in
 // `options` are valid (0 = automatic), and the adapter resolves them.
+struct LinearCrossEntropyCall;
+
+// A vocabulary-parallel call's layout, which every rank of the group agreed
+// on before dispatch: this rank holds classes [start, start + weight.size(0))
+// of `vocab`, the largest shard holds `largest`. The collectives throw
+// internal::ErrorException on failure: `gather` returns every rank's
+// tensor stacked in rank order ([ranks, ...]); `sum` adds in place.
+struct VocabShard {
+  std::int64_t start = 0;
+  std::int64_t vocab = 0;
+  std::int64_t largest = 0;
+  std::function<at::Tensor(const at::Tensor&)> gather;
+  std::function<void(const at::Tensor&)> sum;
+};
+
 struct LinearCrossEntropyCall {
   const at::Tensor& hidden;
   const at::Tensor& weight;
   const at::Tensor& target;
   const LinearCrossEntropyOptions& options;
+  // Set for a vocabulary-parallel call (then targets are in [0, vocab)).
+  const VocabShard* shard = nullptr;
 };
 
 // Per-token tensors are [N]; the core reshapes them to target's shape.

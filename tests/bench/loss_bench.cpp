@@ -40,27 +40,14 @@
 #include <c10/util/ThreadLocalDebugInfo.h>
 #include <keel/keel.h>
 
+#include "peak_tracker.h"
+
 namespace {
+
+using keel::bench::PeakTracker;
 
 struct Size {
   std::int64_t n, d, v;
-};
-
-class PeakTracker final : public c10::MemoryReportingInfoBase {
- public:
-  // alloc_size is negative for a free. c10's own running total is not used:
-  // frees made while no tracker is installed never leave it.
-  void reportMemoryUsage(void* /*ptr*/, int64_t alloc_size, size_t /*total_allocated*/,
-                         size_t /*total_reserved*/, c10::Device /*device*/) override {
-    current_ += alloc_size;
-    peak_ = std::max(peak_, current_);
-  }
-  bool memoryProfilingEnabled() const override { return true; }
-  double peak() const { return static_cast<double>(peak_); }
-
- private:
-  int64_t current_ = 0;
-  int64_t peak_ = 0;
 };
 
 struct Inputs {

@@ -259,6 +259,11 @@ std::vector<Row> catalogue() {
        }},
       {"loss: undefined hidden", Errc::invalid_argument, "hidden",
        [] { return lce(at::Tensor(), w(), y()); }},
+      {"loss: negative vocab_start", Errc::invalid_argument, "vocab_parallel.vocab_start",
+       [] { return lce(h(), w(), y(), lopt([](auto& o) { o.vocab_parallel.vocab_start = -4; })); }},
+      {"loss: vocab_start without a communicator", Errc::invalid_argument,
+       "vocab_parallel.communicator is unset",
+       [] { return lce(h(), w(), y(), lopt([](auto& o) { o.vocab_parallel.vocab_start = 10; })); }},
       // --- logsumexp -------------------------------------------------------
       {"logsumexp: undefined input", Errc::invalid_argument, "input",
        [] { return error_of(keel::logsumexp(at::Tensor())); }},

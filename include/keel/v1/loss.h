@@ -52,10 +52,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 
+#include "keel/v1/comm.h"
 #include "keel/v1/dispatch.h"
 #include "keel/v1/error.h"
 #include "keel/v1/export.h"
@@ -101,6 +103,49 @@ enum class Reduction : std::uint8_t {
 /// vocabulary blocks for chunks of 1024 tokens whenever fewer whole rows
 /// fit: the forward is then one GEMM, faster in tall blocks.
 constexpr std::int64_t kLinearCrossEntropyChunkBudgetBytes = std::int64_t{8} << 20;
+
+/// The output embedding sharded by vocabulary across the ranks of a
+/// communicator, as tensor-parallel training holds it (Megatron's
+/// vocabulary-parallel cross-entropy).
+///
+/// Each rank passes its own shard: `weight` `[V_r, D]` holds classes
+/// `[vocab_start, vocab_start + V_r)` of the whole vocabulary, and so do
+/// `bias` and `class_weights` (`[V_r]`). The shards of the group's ranks
+/// must tile `[0, V)` with no gap or overlap, in any order and of any sizes
+/// (at least one class each); V is where they end. `hidden` and `target`
+/// are the same on every rank (replicated activations), and targets are
+/// classes of the whole vocabulary. Every rank of the group calls
+/// `linear_cross_entropy` with the same options, in the same order as its
+/// other collectives.
+///
+/// Every rank gets the whole vocabulary's loss, per-token loss and lse,
+/// bitwise the same on each, and every option keeps its meaning over the
+/// whole vocabulary (label smoothing's `s / V` and class-weight sum, the
+/// mean's denominator, z-loss, soft-capping, ignore_index). `hidden`'s
+/// gradient is the whole loss's (summed across the ranks), `weight`'s and
+/// `bias`'s the rank's own shard's. The ranks exchange per-token vectors,
+/// never `[N, V]` blocks: one all_gather of the call's layout, one of a
+/// few `[chunk]` vectors per token chunk, one of `[N]` with class weights,
+/// and one all_reduce of `grad_hidden` (`[N, D]`, in hidden's dtype).
+///
+/// Errors: `invalid_argument` when a rank's arguments are wrong (that rank
+/// names them; the others name the rank) or the ranks disagree (the
+/// message names the field and the ranks), and the communicator's own
+/// `peer_lost`, `timeout` or `aborted` when a collective fails, on every
+/// rank that took part. The gradients are formed inside the forward call
+/// for `mean` and `sum` with whole rows; otherwise backward recomputes
+/// them, and a collective that fails there makes `backward()` throw a
+/// `std::runtime_error` whose message is the `keel::Error`'s `to_string()`.
+struct VocabParallelOptions {
+  /// The ranks that share the vocabulary. Unset (the default): the call is
+  /// not sharded, and `weight` holds the whole vocabulary.
+  std::optional<comm::Communicator> communicator;
+  /// The class of this rank's first `weight` row, `>= 0`.
+  std::int64_t vocab_start = 0;
+  /// Bounds each collective of the call (default: the communicator's
+  /// timeout).
+  comm::CallOptions call;
+};
 
 /// Options of `keel::linear_cross_entropy`. Every member has a default, so a
 /// caller sets only what it means.
@@ -158,6 +203,9 @@ struct LinearCrossEntropyOptions {
   bool return_per_token_loss = false;
   /// Also return the per-token log-sum-exp (`LossOutput::lse`).
   bool return_lse = false;
+  /// Shards `weight` by vocabulary across a communicator's ranks (see
+  /// `VocabParallelOptions`); by default it holds the whole vocabulary.
+  VocabParallelOptions vocab_parallel;
   /// Which adapter serves the call.
   DispatchOptions dispatch;
 };

@@ -1,0 +1,160 @@
+// A world of spawned worker processes on loopback, for the multi-process
+// tests: each rank's output goes to a log file, waits are bounded, and
+// ranks still running when the world goes out of scope are killed.
+#pragma once
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "loopback.h"
+
+extern char** environ;
+
+namespace keel::testing {
+
+using Clock = std::chrono::steady_clock;
+using Millis = std::chrono::milliseconds;
+
+struct Rank {
+  pid_t pid = -1;
+  std::string log;
+  int status = -1;  // exit code, or 128 + signal
+  bool done = false;
+};
+
+class World {
+ public:
+  // Spawns ranks [0, launch) of a world of `world` ranks.
+  World(const std::string& worker, const std::string& scenario, int world,
+        std::vector<std::string> extra, int launch = -1)
+      : dir_(std::filesystem::temp_directory_path() /
+             ("keel-comm-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++))) {
+    std::filesystem::create_directories(dir_);
+    const std::string port = std::to_string(free_port());
+    if (launch < 0) launch = world;
+    for (int r = 0; r < launch; ++r) {
+      Rank rank;
+      rank.log = (dir_ / ("rank" + std::to_string(r) + ".log")).string();
+      std::vector<std::string> args{
+          worker,   scenario, "--rank", std::to_string(r), "--world", std::to_string(world),
+          "--port", port};
+      args.insert(args.end(), extra.begin(), extra.end());
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      posix_spawn_file_actions_t actions;
+      posix_spawn_file_actions_init(&actions);
+      posix_spawn_file_actions_addopen(&actions, 1, rank.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                       0644);
+      posix_spawn_file_actions_adddup2(&actions, 1, 2);
+      if (posix_spawn(&rank.pid, argv[0], &actions, nullptr, argv.data(), environ) != 0) {
+        rank.pid = -1;
+      }
+      posix_spawn_file_actions_destroy(&actions);
+      ranks_.push_back(rank);
+    }
+  }
+
+  ~World() {
+    for (Rank& r : ranks_) {
+      if (!r.done && r.pid > 0) {
+        ::kill(r.pid, SIGKILL);
+        ::waitpid(r.pid, nullptr, 0);
+      }
+    }
+    std::error_code ec;
+    if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir_, ec);
+  }
+
+  // Waits for every rank; false (and all killed) when `limit` passes first.
+  bool wait(Millis limit) {
+    const auto deadline = Clock::now() + limit;
+    while (true) {
+      bool all = true;
+      for (Rank& r : ranks_) {
+        if (r.done || r.pid <= 0) continue;
+        int status = 0;
+        if (::waitpid(r.pid, &status, WNOHANG) == r.pid) {
+          r.done = true;
+          r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        } else {
+          all = false;
+        }
+      }
+      if (all) return true;
+      if (Clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(Millis(20));
+    }
+  }
+
+  // Waits until every launched rank printed READY (false after `limit`).
+  bool ready(Millis limit) {
+    const auto deadline = Clock::now() + limit;
+    while (Clock::now() < deadline) {
+      bool all = true;
+      for (std::size_t r = 0; r < ranks_.size(); ++r) {
+        if (log(static_cast<int>(r)).find("READY") == std::string::npos) all = false;
+      }
+      if (all) return true;
+      std::this_thread::sleep_for(Millis(20));
+    }
+    return false;
+  }
+
+  void kill(int rank) { ::kill(ranks_[rank].pid, SIGKILL); }
+
+  std::string log(int rank) const {
+    std::ifstream in(ranks_[rank].log);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+  int status(int rank) const { return ranks_[rank].status; }
+  int size() const { return static_cast<int>(ranks_.size()); }
+
+  std::string all_logs() const {
+    std::string s;
+    for (int r = 0; r < size(); ++r) {
+      // How it ended: an exit code, or 128 + the signal that killed it.
+      const std::string ended =
+          ranks_[r].done ? " (status " + std::to_string(ranks_[r].status) + ")" : "";
+      s += "--- rank " + std::to_string(r) + ended + "\n" + log(r);
+    }
+    return s;
+  }
+
+  // The number after `word` in rank's log, or -1.
+  std::int64_t number_after(int rank, const std::string& word) const {
+    const std::string text = log(rank);
+    const auto at = text.find(word + " ");
+    if (at == std::string::npos) return -1;
+    return std::stoll(text.substr(at + word.size() + 1));
+  }
+
+ private:
+  static inline int counter_ = 0;
+  std::filesystem::path dir_;
+  std::vector<Rank> ranks_;
+};
+
+inline void expect_all_passed(World& w, const std::string& what) {
+  for (int r = 0; r < w.size(); ++r) {
+    EXPECT_EQ(w.status(r), 0) << what << ": rank " << r << " failed\n" << w.all_logs();
+  }
+}
+
+}  // namespace keel::testing
