@@ -6,7 +6,7 @@
 //   keel-compat compare --golden FILE [--backend ...] [--repeat N] [--json FILE] [--html FILE]
 //
 // The comm cases start two copies of this program as their ranks, through
-// the hidden command `keel-compat comm-worker ...` (src/harness/suite.h).
+// the hidden command `keel-compat comm-worker ...` (src/harness/rank_workers.h).
 //
 // Exit status: 0 when every compared case passed, 1 when any failed or
 // errored, 2 for a usage error or a file that cannot be read or written.
@@ -23,6 +23,7 @@
 #include <absl/flags/usage.h>
 #include <absl/strings/str_format.h>
 
+#include "harness/rank_workers.h"
 #include "harness/upgrade_check.h"
 #include "keel/keel.h"
 

@@ -1,67 +1,25 @@
 // The communicator family: a 2-rank set of all_reduce (sum, avg, max),
 // all_gather, reduce_scatter (sum) and broadcast, float32 and bfloat16 (and
 // int64 for the sums), small odd sizes. Each rank's input is drawn at record
-// time and stored; a run spawns two keel-compat processes (the hidden
-// `comm-worker` command) on loopback, each loads its stored input, runs the
-// collective through keel::comm and writes its output back. The case's
+// time and stored; a run starts two ranks (harness/rank_workers.h), each
+// runs the collective through keel::comm on its stored input. The case's
 // outputs are both ranks' results, "rank0" and "rank1".
-//
-// A worker that hangs is killed at a deadline and the case errors, naming
-// the rank; a build whose adapter cannot form the group (Errc::unsupported)
-// gets the case skipped with the worker's reason.
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <spawn.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
-#include <csignal>
-
 #include <algorithm>
-#include <array>
-#include <chrono>
-#include <cstdlib>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <iostream>
-#include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <ATen/ATen.h>
-#include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
 
-#include "harness/peak_memory.h"
-#include "harness/safetensors.h"
+#include "harness/rank_workers.h"
 #include "harness/suite.h"
 #include "keel/v1/comm.h"
-
-extern char** environ;
 
 namespace keel::harness {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-using Millis = std::chrono::milliseconds;
-
 constexpr int kRanks = 2;
-// A worker's own bound on rendezvous and on the collective: it fails by
-// itself, with keel's message, well before the parent's deadline kills it.
-constexpr Millis kWorkerTimeout{20000};
-// What a worker's exit status means to the parent.
-constexpr int kWorkerOk = 0;
-constexpr int kWorkerFailed = 1;
-constexpr int kWorkerUsage = 2;
-constexpr int kWorkerUnsupported = 3;
-
-CommLaunch& launch_settings() {
-  static CommLaunch settings;
-  return settings;
-}
 
 std::string rank_name(int r) {
   return absl::StrCat("rank", r);
@@ -123,80 +81,6 @@ result<at::Tensor> run_collective(comm::Communicator& comm, const nlohmann::json
   return Error(Errc::corrupt_data,
                absl::StrCat("comm: operation '", op,
                             "'; expected all_reduce, all_gather, reduce_scatter or broadcast"));
-}
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return 0;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  ::close(fd);
-  return port;
-}
-
-std::string self_executable() {
-  std::error_code ec;
-  const auto path = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string("/proc/self/exe") : path.string();
-}
-
-// The last lines of a worker's log, for an error message.
-std::string log_tail(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  std::string text = s.str();
-  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
-  constexpr std::size_t kMax = 600;
-  if (text.size() > kMax) text = "..." + text.substr(text.size() - kMax);
-  return text.empty() ? "(no output)" : text;
-}
-
-// A temporary directory that removes itself.
-class ScratchDir {
- public:
-  ScratchDir() {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "keel-compat-comm-XXXXXX").string();
-    if (::mkdtemp(pattern.data()) != nullptr) path_ = pattern;
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-struct Worker {
-  pid_t pid = -1;
-  std::string log, inputs, out;
-  bool done = false;
-  int status = -1;  // exit code, or 128 + signal
-};
-
-// Kills and reaps every worker still running.
-void kill_all(std::array<Worker, kRanks>& workers) {
-  for (Worker& w : workers) {
-    if (w.pid > 0 && !w.done) {
-      ::kill(w.pid, SIGKILL);
-      ::waitpid(w.pid, nullptr, 0);
-      w.done = true;
-      w.status = 128 + SIGKILL;
-    }
-  }
 }
 
 class CommFamily final : public Family {
@@ -274,125 +158,38 @@ class CommFamily final : public Family {
                          absl::StrJoin(first.sizes(), ","), "]; every rank needs the same"));
       }
     }
-    const CommLaunch settings = launch_settings();
-    ScratchDir dir;
-    if (dir.path().empty()) {
-      return Error(Errc::io_error, "comm: cannot make a scratch directory for the workers");
-    }
-    const int port = free_port();
-    if (port == 0) return Error(Errc::io_error, "comm: no free loopback port for the workers");
-    const std::string exe = settings.executable.empty() ? self_executable() : settings.executable;
-
-    std::array<Worker, kRanks> workers;
-    for (int r = 0; r < kRanks; ++r) {
-      Worker& w = workers[r];
-      const std::string base = (std::filesystem::path(dir.path()) / rank_name(r)).string();
-      w.log = base + ".log";
-      w.inputs = base + ".in.safetensors";
-      w.out = base + ".out.safetensors";
-      TensorFile in;
-      in.tensors["input"] = c.inputs.at(rank_name(r));
-      in.metadata["case"] = c.id;
-      in.metadata["options"] = c.options.dump();
-      if (auto written = write_safetensors(w.inputs, in); !written) return written.error();
-    }
-    for (int r = 0; r < kRanks; ++r) {
-      Worker& w = workers[r];
-      std::vector<std::string> args{exe,        "comm-worker",     "--case", c.id,
-                                    "--rank",   std::to_string(r), "--port", std::to_string(port),
-                                    "--inputs", w.inputs,          "--out",  w.out};
-      if (backend != Backend::unset) {
-        args.emplace_back("--backend");
-        args.emplace_back(to_string(backend));
-      }
-      std::vector<char*> argv;
-      argv.reserve(args.size() + 1);
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      posix_spawn_file_actions_t actions;
-      posix_spawn_file_actions_init(&actions);
-      posix_spawn_file_actions_addopen(&actions, 1, w.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                       0644);
-      posix_spawn_file_actions_adddup2(&actions, 1, 2);
-      const int spawned = posix_spawn(&w.pid, exe.c_str(), &actions, nullptr, argv.data(), environ);
-      posix_spawn_file_actions_destroy(&actions);
-      if (spawned != 0) {
-        w.pid = -1;
-        kill_all(workers);
-        return Error(Errc::io_error,
-                     absl::StrCat("comm: case ", c.id, ": cannot start worker '", exe,
-                                  "' for rank ", r, ": ", std::strerror(spawned)));
-      }
-    }
-
-    // Wait for both, bounded. A rank that fails leaves its peer waiting for
-    // it, so the first failure ends the case at once.
-    const auto deadline = Clock::now() + settings.timeout;
-    while (true) {
-      bool all = true;
-      int failed = -1;
-      for (int r = 0; r < kRanks; ++r) {
-        Worker& w = workers[r];
-        if (!w.done) {
-          int status = 0;
-          if (::waitpid(w.pid, &status, WNOHANG) == w.pid) {
-            w.done = true;
-            w.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-          }
-        }
-        if (!w.done) all = false;
-        if (w.done && w.status != kWorkerOk && failed < 0) failed = r;
-      }
-      if (failed >= 0) {
-        kill_all(workers);
-        const Worker& w = workers[failed];
-        const std::string why =
-            absl::StrCat("comm: case ", c.id, ": rank ", failed, " ",
-                         w.status >= 128 ? absl::StrCat("died of signal ", w.status - 128)
-                                         : absl::StrCat("exited with status ", w.status),
-                         ": ", log_tail(w.log));
-        return Error(w.status == kWorkerUnsupported ? Errc::unsupported : Errc::backend_error, why);
-      }
-      if (all) break;
-      if (Clock::now() >= deadline) {
-        std::vector<int> late;
-        for (int r = 0; r < kRanks; ++r) {
-          if (!workers[r].done) late.push_back(r);
-        }
-        kill_all(workers);
-        return Error(Errc::timeout,
-                     absl::StrCat("comm: case ", c.id, ": rank ", absl::StrJoin(late, " and "),
-                                  " did not finish within ", settings.timeout.count(),
-                                  " ms and was killed; rank ", late.front(),
-                                  "'s log: ", log_tail(workers[late.front()].log)));
-      }
-      std::this_thread::sleep_for(Millis(5));
-    }
-
+    std::vector<std::map<std::string, at::Tensor>> inputs(kRanks);
+    for (int r = 0; r < kRanks; ++r) inputs[r]["input"] = c.inputs.at(rank_name(r));
+    result<std::vector<RankRun>> ran = run_on_ranks(c, inputs, backend);
+    if (!ran) return ran.error();
     Run run;
     for (int r = 0; r < kRanks; ++r) {
-      result<TensorFile> out = read_safetensors(workers[r].out);
-      if (!out) {
-        return Error(out.error().code(), absl::StrCat("comm: case ", c.id, ": rank ", r,
-                                                      "'s output: ", out.error().message()));
-      }
-      const auto t = out.value().tensors.find("output");
-      if (t == out.value().tensors.end()) {
+      const RankRun& rank = ran.value()[r];
+      const auto t = rank.outputs.find("output");
+      if (t == rank.outputs.end()) {
         return Error(Errc::corrupt_data,
                      absl::StrCat("comm: case ", c.id, ": rank ", r, " wrote no output"));
       }
       run.outputs[rank_name(r)] = t->second;
-      const auto& meta = out.value().metadata;
-      double ms = 0;
-      std::int64_t bytes = 0;
-      if (auto m = meta.find("forward_ms"); m != meta.end()) (void)absl::SimpleAtod(m->second, &ms);
-      if (auto m = meta.find("peak_bytes"); m != meta.end())
-        (void)absl::SimpleAtoi(m->second, &bytes);
       // The collective ends when its slowest rank does.
-      run.forward_ms = std::max(run.forward_ms, ms);
-      run.peak_bytes = std::max(run.peak_bytes, bytes);
-      if (r == 0 && meta.count("adapter") != 0u) run.adapter = meta.at("adapter");
+      run.forward_ms = std::max(run.forward_ms, rank.ms);
+      run.peak_bytes = std::max(run.peak_bytes, rank.peak_bytes);
     }
+    run.adapter = ran.value()[0].adapter;
+    return run;
+  }
+
+  result<Run> run_rank(comm::Communicator& group, const Case& c,
+                       Backend /*backend*/) const override {
+    const auto input = c.inputs.find("input");
+    if (input == c.inputs.end()) {
+      return Error(Errc::corrupt_data, absl::StrCat("comm: case ", c.id, " has no input"));
+    }
+    result<at::Tensor> output = run_collective(group, c.options, input->second);
+    if (!output) return output.error();
+    Run run;
+    run.outputs["output"] = std::move(output).value();
+    run.adapter = group.dispatch_info().adapter;
     return run;
   }
 };
@@ -401,103 +198,6 @@ class CommFamily final : public Family {
 
 std::unique_ptr<Family> make_comm_family() {
   return std::make_unique<CommFamily>();
-}
-
-void set_comm_launch(const CommLaunch& launch) {
-  launch_settings() = launch;
-}
-
-CommLaunch comm_launch() {
-  return launch_settings();
-}
-
-int comm_worker_main(const std::vector<std::string>& args) {
-  std::string id, inputs, out, backend_text;
-  int rank = -1, port = 0;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    const std::string& flag = args[i];
-    if (i + 1 >= args.size()) {
-      std::cerr << "keel-compat comm-worker: " << flag << " needs a value\n";
-      return kWorkerUsage;
-    }
-    const std::string& value = args[++i];
-    bool ok = true;
-    if (flag == "--case") {
-      id = value;
-    } else if (flag == "--rank") {
-      ok = absl::SimpleAtoi(value, &rank) && rank >= 0 && rank < kRanks;
-    } else if (flag == "--port") {
-      ok = absl::SimpleAtoi(value, &port) && port > 0 && port < 65536;
-    } else if (flag == "--inputs") {
-      inputs = value;
-    } else if (flag == "--out") {
-      out = value;
-    } else if (flag == "--backend") {
-      backend_text = value;
-    } else {
-      std::cerr << "keel-compat comm-worker: unknown flag '" << flag << "'\n";
-      return kWorkerUsage;
-    }
-    if (!ok) {
-      std::cerr << "keel-compat comm-worker: bad value '" << value << "' for " << flag << "\n";
-      return kWorkerUsage;
-    }
-  }
-  if (id.empty() || rank < 0 || port == 0 || inputs.empty() || out.empty()) {
-    std::cerr << "keel-compat comm-worker: expected --case ID --rank R --port P --inputs FILE "
-                 "--out FILE [--backend auto|compat|native]\n";
-    return kWorkerUsage;
-  }
-  const auto fail = [&](const Error& e) {
-    std::cerr << "keel-compat comm-worker: case " << id << ", rank " << rank << ": "
-              << e.to_string() << "\n";
-    return e.code() == Errc::unsupported ? kWorkerUnsupported : kWorkerFailed;
-  };
-  Backend backend = Backend::unset;
-  if (!backend_text.empty()) {
-    result<Backend> parsed = parse_backend(backend_text);
-    if (!parsed) return fail(parsed.error());
-    backend = parsed.value();
-  }
-  result<TensorFile> in = read_safetensors(inputs);
-  if (!in) return fail(in.error());
-  const auto input = in.value().tensors.find("input");
-  const auto options_text = in.value().metadata.find("options");
-  const nlohmann::json options = options_text == in.value().metadata.end()
-                                     ? nlohmann::json()
-                                     : nlohmann::json::parse(options_text->second, nullptr, false);
-  if (input == in.value().tensors.end() || !options.is_object()) {
-    return fail(Error(Errc::corrupt_data,
-                      absl::StrCat("comm-worker: '", inputs, "' has no 'input' or no options")));
-  }
-
-  comm::CommOptions o;
-  o.rendezvous = absl::StrCat("tcp://127.0.0.1:", port);
-  o.rank = rank;
-  o.world_size = kRanks;
-  o.timeout = kWorkerTimeout;
-  o.name = "keel-compat";
-  o.dispatch.backend = backend;
-  result<comm::Communicator> made = comm::Communicator::create(o);
-  if (!made) return fail(made.error());
-  comm::Communicator& group = made.value();
-
-  PeakMemory memory;
-  const auto start = Clock::now();
-  result<at::Tensor> output = run_collective(group, options, input->second);
-  const double ms = elapsed_ms(start);
-  if (!output) return fail(output.error());
-
-  TensorFile file;
-  file.tensors["output"] = output.value();
-  file.metadata["forward_ms"] = absl::StrCat(ms);
-  file.metadata["peak_bytes"] = absl::StrCat(memory.peak_bytes());
-  file.metadata["adapter"] = group.dispatch_info().adapter;
-  if (auto written = write_safetensors(out, file); !written) return fail(written.error());
-  // Both ranks leave together, so that neither sees the other's exit as a
-  // lost peer while it still finishes.
-  if (auto done = group.barrier(); !done) return fail(done.error());
-  return kWorkerOk;
 }
 
 }  // namespace keel::harness

@@ -1,11 +1,23 @@
 // The fused loss family: the option matrix (reductions, ignore_index,
 // smoothing, class weights, z-loss, softcap, bias), fp32 and bf16; the loss
-// and the gradients of hidden, weight and bias.
+// and the gradients of hidden, weight and bias. The vocabulary-parallel
+// cases store the whole weight and a split of its classes across 2 or 3
+// ranks (options "shards": each rank's [first class, classes]); a run
+// starts the ranks (harness/rank_workers.h), each with its slice, and its
+// outputs are those of the unsharded call: the loss and grad_hidden of
+// rank 0 (which every rank must match bitwise) and the ranks' grad_weight
+// and grad_bias slices put back in class order.
+#include <algorithm>
+#include <optional>
+#include <utility>
+#include <vector>
+
 #include <ATen/ATen.h>
 #include <absl/strings/str_cat.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include "harness/peak_memory.h"
+#include "harness/rank_workers.h"
 #include "harness/suite.h"
 #include "keel/v1/loss.h"
 
@@ -37,6 +49,20 @@ class LossFamily final : public Family {
         {"sum_z_loss_softcap_bias",
          {{"reduction", "sum"}, {"z_loss", 1e-4}, {"logit_softcap", 30.0}, {"bias", true}}},
         {"small_chunks", {{"reduction", "mean"}, {"chunk_size", 37}}},
+        {"vocab_parallel_2_mean_smoothing_weights",
+         {{"reduction", "mean"},
+          {"label_smoothing", 0.1},
+          {"class_weights", true},
+          {"ignore", true},
+          {"shards", {{0, 600}, {600, 400}}}}},
+        {"vocab_parallel_3_sum_z_loss_softcap_bias",
+         {{"reduction", "sum"},
+          {"z_loss", 1e-4},
+          {"logit_softcap", 30.0},
+          {"bias", true},
+          {"chunk_size", 37},
+          {"shards", {{700, 300}, {0, 250}, {250, 450}}}}},
+        {"vocab_parallel_2_none", {{"reduction", "none"}, {"shards", {{500, 500}, {0, 500}}}}},
     };
     for (const auto& [type, dtype] :
          {std::pair{at::kFloat, "float32"}, std::pair{at::kBFloat16, "bfloat16"}}) {
@@ -62,7 +88,32 @@ class LossFamily final : public Family {
   }
 
   result<Run> run(const Case& c, Backend backend) const override {
+    if (c.options.contains("shards")) return run_sharded(c, backend);
+    return run_loss(c, backend, std::nullopt, 0);
+  }
+
+  result<Run> run_rank(comm::Communicator& group, const Case& c, Backend backend) const override {
+    auto shards = shards_of(c, -1);
+    if (!shards) return shards.error();
+    if (static_cast<std::size_t>(group.size()) != shards.value().size()) {
+      return Error(Errc::corrupt_data,
+                   absl::StrCat("linear_cross_entropy: case ", c.id, " has ", shards.value().size(),
+                                " shards for ", group.size(), " ranks"));
+    }
+    // keel checks the slice against the other ranks' (the shards must tile
+    // the vocabulary); the rank's own weight rows are its shard's size.
+    return run_loss(c, backend, group, shards.value()[group.rank()].first);
+  }
+
+ private:
+  // The call on this process's inputs; with `group`, the rank's part of a
+  // vocabulary-parallel call whose weight slice starts at `vocab_start`.
+  static result<Run> run_loss(const Case& c, Backend backend,
+                              const std::optional<comm::Communicator>& group,
+                              std::int64_t vocab_start) {
     LinearCrossEntropyOptions o;
+    o.vocab_parallel.communicator = group;
+    o.vocab_parallel.vocab_start = vocab_start;
     const std::string reduction = c.options.value("reduction", "mean");
     o.reduction = reduction == "sum"    ? Reduction::sum
                   : reduction == "none" ? Reduction::none
@@ -99,6 +150,110 @@ class LossFamily final : public Family {
     run.outputs["grad_hidden"] = grads[0];
     run.outputs["grad_weight"] = grads[1];
     if (grads.size() > 2) run.outputs["grad_bias"] = grads[2];
+    return run;
+  }
+
+  // Each rank's [first class, classes], checked against the whole weight's
+  // `classes` where it is known (a file is not trusted to slice by).
+  static result<std::vector<std::pair<std::int64_t, std::int64_t>>> shards_of(
+      const Case& c, std::int64_t classes) {
+    const nlohmann::json& spec = c.options.at("shards");
+    std::vector<std::pair<std::int64_t, std::int64_t>> shards;
+    const auto bad = [&] {
+      return Error(
+          Errc::corrupt_data,
+          absl::StrCat("linear_cross_entropy: case ", c.id, ": options.shards ", spec.dump(),
+                       " is not a list of 1 to 8 [first class, classes] pairs within "
+                       "the stored weight's classes"));
+    };
+    if (!spec.is_array() || spec.empty() || spec.size() > 8) return bad();
+    for (const nlohmann::json& s : spec) {
+      if (!s.is_array() || s.size() != 2 || !s[0].is_number_integer() ||
+          !s[1].is_number_integer()) {
+        return bad();
+      }
+      const auto start = s[0].get<std::int64_t>();
+      const auto size = s[1].get<std::int64_t>();
+      if (start < 0 || size < 1 || (classes >= 0 && (start > classes || size > classes - start))) {
+        return bad();
+      }
+      shards.emplace_back(start, size);
+    }
+    return shards;
+  }
+
+  result<Run> run_sharded(const Case& c, Backend backend) const {
+    for (const char* name : {"hidden", "weight", "target"}) {
+      if (c.inputs.count(name) == 0) {
+        return Error(Errc::corrupt_data, absl::StrCat("linear_cross_entropy: case ", c.id,
+                                                      " has no stored input '", name, "'"));
+      }
+    }
+    const at::Tensor& whole = c.inputs.at("weight");
+    if (whole.dim() != 2) {
+      return Error(Errc::corrupt_data,
+                   absl::StrCat("linear_cross_entropy: case ", c.id, ": stored weight is not 2-D"));
+    }
+    auto shards = shards_of(c, whole.size(0));
+    if (!shards) return shards.error();
+    std::vector<std::map<std::string, at::Tensor>> inputs;
+    for (const auto& [start, size] : shards.value()) {
+      std::map<std::string, at::Tensor> in = c.inputs;
+      in["weight"] = whole.narrow(0, start, size);
+      for (const char* name : {"class_weights", "bias"}) {
+        if (auto t = in.find(name); t != in.end()) {
+          if (t->second.dim() != 1 || t->second.size(0) < start + size) {
+            return Error(Errc::corrupt_data,
+                         absl::StrCat("linear_cross_entropy: case ", c.id, ": stored '", name,
+                                      "' does not cover the weight's classes"));
+          }
+          t->second = t->second.narrow(0, start, size);
+        }
+      }
+      inputs.push_back(std::move(in));
+    }
+    // Each rank finds its first class in "shards" by its rank.
+    result<std::vector<RankRun>> ran = run_on_ranks(c, inputs, backend);
+    if (!ran) return ran.error();
+    const std::vector<RankRun>& runs = ran.value();
+    const auto ranks = static_cast<std::int64_t>(runs.size());
+    Run run;
+    run.adapter = runs[0].adapter;
+    for (std::int64_t r = 0; r < ranks; ++r) {
+      for (const char* name : {"loss", "grad_hidden", "grad_weight"}) {
+        if (runs[r].outputs.count(name) == 0) {
+          return Error(Errc::corrupt_data, absl::StrCat("linear_cross_entropy: case ", c.id,
+                                                        ": rank ", r, " wrote no ", name));
+        }
+      }
+      for (const char* name : {"loss", "grad_hidden"}) {
+        if (!at::equal(runs[r].outputs.at(name), runs[0].outputs.at(name))) {
+          return Error(Errc::backend_error,
+                       absl::StrCat("linear_cross_entropy: case ", c.id, ": rank ", r, "'s ", name,
+                                    " differs from rank 0's; every rank of a "
+                                    "vocabulary-parallel call must get the same"));
+        }
+      }
+      run.forward_ms = std::max(run.forward_ms, runs[r].ms);
+      run.peak_bytes = std::max(run.peak_bytes, runs[r].peak_bytes);
+    }
+    run.outputs["loss"] = runs[0].outputs.at("loss");
+    run.outputs["grad_hidden"] = runs[0].outputs.at("grad_hidden");
+    // The slices back in class order.
+    std::vector<std::int64_t> order(static_cast<std::size_t>(ranks));
+    for (std::int64_t r = 0; r < ranks; ++r) order[r] = r;
+    std::sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+      return shards.value()[a].first < shards.value()[b].first;
+    });
+    for (const char* name : {"grad_weight", "grad_bias"}) {
+      std::vector<at::Tensor> parts;
+      for (std::int64_t r : order) {
+        if (auto t = runs[r].outputs.find(name); t != runs[r].outputs.end()) {
+          parts.push_back(t->second);
+        }
+      }
+      if (!parts.empty()) run.outputs[name] = at::cat(parts);
+    }
     return run;
   }
 };

@@ -1,5 +1,6 @@
 #include "harness/suite.h"
 
+#include <absl/strings/str_cat.h>
 #include <absl/strings/str_split.h>
 
 namespace keel::harness {
@@ -13,6 +14,12 @@ Tolerance tolerance_for(const std::string& dtype) {
   if (dtype == "bfloat16") return {1e-2, 1.6e-2};
   if (dtype == "float16") return {1e-3, 1e-3};
   return {0, 0};
+}
+
+result<Run> Family::run_rank(comm::Communicator& /*group*/, const Case& c,
+                             Backend /*backend*/) const {
+  return Error(Errc::corrupt_data, absl::StrCat("case ", c.id, ": the ", operation(),
+                                                " family has no cases that run on ranks"));
 }
 
 const std::vector<std::unique_ptr<Family>>& families() {

@@ -15,6 +15,7 @@
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
 
+#include "keel/v1/comm.h"
 #include "keel/v1/dispatch.h"
 #include "keel/v1/error.h"
 
@@ -60,6 +61,11 @@ class Family {
   virtual std::string operation() const = 0;
   virtual std::vector<Case> make_cases() const = 0;
   virtual result<Run> run(const Case& c, Backend backend) const = 0;
+  // One rank's part of a case that runs on a group of ranks
+  // (harness/rank_workers.h): `c` holds this rank's inputs; the Run's
+  // outputs and adapter go back to the parent. Families without such cases
+  // keep the default, a corrupt_data error.
+  virtual result<Run> run_rank(comm::Communicator& group, const Case& c, Backend backend) const;
 };
 
 // Every family this build knows, in suite order.
@@ -74,24 +80,5 @@ std::unique_ptr<Family> make_logsumexp_family();
 std::unique_ptr<Family> make_attention_family();
 std::unique_ptr<Family> make_loss_family();
 std::unique_ptr<Family> make_comm_family();
-
-// How the comm family starts its rank processes: `executable` is run as
-// `EXECUTABLE comm-worker ...` (empty: this process's own, /proc/self/exe,
-// which is keel-compat), and a case whose workers have not all finished
-// within `timeout` has them killed and errors with Errc::timeout.
-struct CommLaunch {
-  std::string executable;
-  std::chrono::milliseconds timeout{std::chrono::seconds(60)};
-};
-void set_comm_launch(const CommLaunch& launch);
-CommLaunch comm_launch();
-
-// keel-compat's hidden `comm-worker` command, one rank of a comm case:
-//   comm-worker --case ID --rank R --port P --inputs FILE --out FILE
-//               [--backend auto|compat|native]
-// `args` are the words after "comm-worker". Returns the exit status: 0 done,
-// 1 the collective failed, 2 usage, 3 the build cannot serve it
-// (Errc::unsupported); failures are printed to stderr.
-int comm_worker_main(const std::vector<std::string>& args);
 
 }  // namespace keel::harness

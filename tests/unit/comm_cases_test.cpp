@@ -16,6 +16,7 @@
 
 #include "conformance/adapters.h"
 #include "harness/safetensors.h"
+#include "harness/rank_workers.h"
 #include "harness/upgrade_check.h"
 
 namespace keel::harness {
