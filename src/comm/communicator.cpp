@@ -873,7 +873,8 @@ result<std::shared_ptr<GroupState>> make_world(std::shared_ptr<WorldState> w) {
     } catch (...) {             // NOLINT(bugprone-empty-catch): FileStore cannot clone; share it
     }
     return std::make_unique<Liveness>(
-        own, w->prefix, w->rank, w->size, w->options.heartbeat_interval, w->options.peer_timeout,
+        own, w->prefix, absl::StrCat(w->base, "g", w->generation + 1, "/members"),
+        w->generation + 1, w->rank, w->size, w->options.heartbeat_interval, w->options.peer_timeout,
         w->plan.kind == RendezvousPlan::Kind::tcp && !w->plan.agent_store);
   });
   if (!live) return live.error();

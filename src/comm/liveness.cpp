@@ -1,7 +1,11 @@
 #include "comm/liveness.h"
 
+#include <algorithm>
+
+#include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
+#include <absl/strings/str_split.h>
 
 namespace keel::internal::comm_detail {
 namespace {
@@ -14,11 +18,14 @@ std::vector<std::uint8_t> bytes(const std::string& s) {
 
 }  // namespace
 
-Liveness::Liveness(c10::intrusive_ptr<c10d::Store> store, std::string prefix, int rank, int size,
+Liveness::Liveness(c10::intrusive_ptr<c10d::Store> store, std::string prefix,
+                   std::string next_members, int next_generation, int rank, int size,
                    std::chrono::milliseconds interval, std::chrono::milliseconds peer_timeout,
                    bool store_on_rank0)
     : store_(std::move(store)),
       prefix_(std::move(prefix)),
+      next_members_(std::move(next_members)),
+      next_generation_(next_generation),
       rank_(rank),
       interval_(interval),
       peer_timeout_(peer_timeout),
@@ -73,6 +80,23 @@ void Liveness::beat() {
   }
 }
 
+std::vector<int> Liveness::superseded_by() {
+  if (!superseded_.empty()) return superseded_;
+  if (!store_->check({next_members_})) return {};
+  const std::vector<std::uint8_t> value = store_->get(next_members_);
+  std::vector<int> members;
+  for (absl::string_view part :
+       absl::StrSplit(absl::string_view(reinterpret_cast<const char*>(value.data()), value.size()),
+                      ',', absl::SkipEmpty())) {
+    int r = 0;
+    if (!absl::SimpleAtoi(part, &r)) continue;
+    if (r == rank_) return {};  // this rank went on with them
+    members.push_back(r);
+  }
+  superseded_ = members;
+  return members;
+}
+
 std::vector<LostPeer> Liveness::lost(const std::vector<int>& world_ranks) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto now = Clock::now();
@@ -87,7 +111,9 @@ std::vector<LostPeer> Liveness::lost(const std::vector<int>& world_ranks) {
   }
   std::vector<LostPeer> lost;
   std::vector<std::vector<std::uint8_t>> values;
+  std::vector<int> moved_on;
   try {
+    moved_on = superseded_by();
     values = store_->multiGet(keys);
   } catch (const std::exception& e) {
     if (store_on_rank0_ && rank_ != 0) {
@@ -98,6 +124,11 @@ std::vector<LostPeer> Liveness::lost(const std::vector<int>& world_ranks) {
     return lost;
   }
   for (std::size_t i = 0; i < ranks.size(); ++i) {
+    if (std::find(moved_on.begin(), moved_on.end(), ranks[i]) != moved_on.end()) {
+      lost.push_back({ranks[i], absl::StrCat("went on to generation ", next_generation_,
+                                             " without this rank")});
+      continue;
+    }
     Sample& s = samples_[static_cast<std::size_t>(ranks[i])];
     std::string value(values[i].begin(), values[i].end());
     if (value == kLeft) {

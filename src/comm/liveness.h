@@ -4,6 +4,13 @@
 // are compared across machines). A rank that destroys its communicator
 // writes "left", so that peers name it at once; rank 0, which hosts the
 // store, then waits (at most a peer timeout) for the others to leave.
+//
+// Generations fence each other: once the next generation's members are
+// written (reform), a rank left out of them finds the members lost ("went
+// on to generation N without this rank") at its next sample, so that a
+// rank that was stopped or cut off while the others re-formed fails at
+// once when it resumes, instead of waiting out its operation's timeout
+// beside heartbeats that still beat.
 #pragma once
 
 #include <atomic>
@@ -31,9 +38,11 @@ class Liveness {
   // long store operation elsewhere never delays the heartbeat. Writes this
   // rank's first heartbeat before it returns (before arrival), so that
   // every member's key exists once the world is formed.
-  Liveness(c10::intrusive_ptr<c10d::Store> store, std::string prefix, int rank, int size,
-           std::chrono::milliseconds interval, std::chrono::milliseconds peer_timeout,
-           bool store_on_rank0);
+  // `next_members` is the key at which generation `next_generation`'s
+  // members are written.
+  Liveness(c10::intrusive_ptr<c10d::Store> store, std::string prefix, std::string next_members,
+           int next_generation, int rank, int size, std::chrono::milliseconds interval,
+           std::chrono::milliseconds peer_timeout, bool store_on_rank0);
   ~Liveness();
   Liveness(const Liveness&) = delete;
   Liveness& operator=(const Liveness&) = delete;
@@ -49,9 +58,14 @@ class Liveness {
  private:
   void beat();
   std::string key(int rank) const;
+  // The next generation's members when it was formed without this rank
+  // (empty otherwise); sampled with the heartbeats, under mutex_.
+  std::vector<int> superseded_by();
 
   c10::intrusive_ptr<c10d::Store> store_;
   const std::string prefix_;
+  const std::string next_members_;
+  const int next_generation_;
   const int rank_;
   const std::chrono::milliseconds interval_;
   const std::chrono::milliseconds peer_timeout_;
@@ -68,6 +82,7 @@ class Liveness {
   std::vector<Sample> samples_;
   Clock::time_point sampled_{};
   std::vector<LostPeer> last_lost_;
+  std::vector<int> superseded_;  // once set, it stays
   std::thread thread_;
 };
 

@@ -7,10 +7,15 @@
 #include "loopback.h"
 #include "world.h"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <thread>
@@ -159,6 +164,53 @@ TEST(CommDistributed, SoakRandomKillsNoHangNoWrongResult) {
       static_cast<long long>(percentile(times, 0.99)));
   EXPECT_EQ(hangs, 0);
   EXPECT_EQ(wrong, 0);
+}
+
+// A rank that stops (SIGSTOP) inside a collective keeps its sockets open:
+// its peers must still name it within the heartbeat bound (peer timeout
+// 1 s, not the 20 s operation timeout), re-form without it and keep
+// working; when it resumes (SIGCONT) its old group has failed and it is
+// fenced out of the new generation with an error, never a hang or a seat.
+TEST(CommDistributed, StoppedRankIsNamedThenFencedWhenItResumes) {
+  for (const std::string& backend : backends()) {
+    const std::string release = (std::filesystem::temp_directory_path() /
+                                 ("keel-release-" + std::to_string(::getpid()) + "-" + backend))
+                                    .string();
+    std::filesystem::remove(release);
+    World w("stop", 3,
+            {"--op", "all_reduce", "--victim", "1", "--backend", backend, "--release", release});
+    ASSERT_TRUE(w.ready(Millis(60000))) << w.all_logs();
+    std::this_thread::sleep_for(Millis(200));
+    const std::int64_t stopped = now_ms();
+    w.signal(1, SIGSTOP);
+    for (int r : {0, 2}) {
+      ASSERT_TRUE(w.wait_for_line(r, "REFORMED generation 1", Millis(30000)))
+          << backend << ": rank " << r << " did not re-form\n"
+          << w.all_logs();
+      const std::int64_t detected = w.number_after(r, "DETECTED");
+      EXPECT_LT(detected - stopped, 5000) << backend << ": rank " << r << "\n" << w.all_logs();
+      std::printf("%s: stopped rank named by rank %d after %lld ms\n", backend.c_str(), r,
+                  static_cast<long long>(detected - stopped));
+    }
+    const std::int64_t resumed = now_ms();
+    w.signal(1, SIGCONT);
+    ASSERT_TRUE(w.wait_for({1}, Millis(30000))) << backend << ": the resumed rank hangs\n"
+                                                << w.all_logs();
+    std::printf("%s: resumed rank saw its group fail after %lld ms, fenced after %lld ms\n",
+                backend.c_str(), static_cast<long long>(w.number_after(1, "DETECTED") - resumed),
+                static_cast<long long>(w.number_after(1, "FENCED") - resumed));
+    EXPECT_EQ(w.status(1), 0) << w.all_logs();
+    EXPECT_NE(w.log(1).find("FENCED"), std::string::npos) << w.all_logs();
+    // It learns at its next heartbeat sample, not at its operation's timeout.
+    EXPECT_LT(w.number_after(1, "DETECTED") - resumed, 5000) << w.all_logs();
+    EXPECT_NE(w.log(1).find("went on to generation 1 without this rank"), std::string::npos)
+        << w.all_logs();
+    std::ofstream(release) << "done\n";
+    ASSERT_TRUE(w.wait(Millis(30000))) << backend << ": hang\n" << w.all_logs();
+    expect_all_passed(w, "stop (" + backend + ")");
+    EXPECT_GT(w.number_after(0, "NEW GENERATION ROUNDS"), 0) << w.all_logs();
+    std::filesystem::remove(release);
+  }
 }
 
 TEST(CommDistributed, RankThatExitsEarlyIsNamed) {

@@ -3,7 +3,7 @@
 // exact expected values computed here with plain ATen ops.
 //
 //   keel_comm_worker SCENARIO --rank R --world N --port P [--victim V]
-//                    [--backend compat|native] [--op OP]
+//                    [--backend compat|native] [--op OP] [--release FILE]
 //
 // Exit 0: the scenario's checks passed; 1: a check failed (printed as
 // "FAIL ..."); 2: usage.
@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -38,6 +39,7 @@ struct Args {
   int victim = 1;
   std::string backend = "auto";
   std::string op = "all_reduce";
+  std::string release;  // stop: the survivors wait for this file before they leave
 };
 
 int failures = 0;
@@ -273,6 +275,25 @@ void reform_and_check(Communicator& comm, int survivors, const std::string& op) 
   ok(c.barrier(), "barrier after reform");
 }
 
+// A rank that was stopped while its peers re-formed without it: once it
+// resumes, its old group has failed (printed above), and joining the next
+// generation must be refused, never a hang or a seat in the new group.
+int stale_rank_is_fenced(const Communicator& comm) {
+  keel::comm::ReformOptions o;
+  o.timeout = Millis(10000);
+  auto next = comm.reform(o);
+  if (next) {
+    fail("a stale rank joined generation " + std::to_string(next.value().generation()));
+    return 1;
+  }
+  std::cout << "FENCED " << now_ms() << " " << next.error().to_string() << std::endl;
+  if (next.error().code() != Errc::timeout ||
+      next.error().message().find("left out of generation") == std::string::npos) {
+    fail("expected the stale rank to be left out, got " + next.error().to_string());
+  }
+  return failures == 0 ? 0 : 1;
+}
+
 int run(const Args& a) {
   std::cout << "START " << now_ms() << std::endl;
   if (a.scenario == "never_join") {
@@ -309,9 +330,10 @@ int run(const Args& a) {
 
   if (a.scenario == "ops") {
     run_ops(comm);
-  } else if (a.scenario == "kill" || a.scenario == "exit_early") {
+  } else if (a.scenario == "kill" || a.scenario == "exit_early" || a.scenario == "stop") {
     // Loop the op until a failure; the victim dies (SIGKILL from the test,
-    // or a clean exit here) and the survivors must name it.
+    // or a clean exit here) or stops (SIGSTOP) and the survivors must name
+    // it.
     if (a.scenario == "exit_early" && a.rank == a.victim) {
       ok(one_op(comm, a.op), "first " + a.op);
       std::cout << "LEAVING " << now_ms() << std::endl;
@@ -322,6 +344,7 @@ int run(const Args& a) {
       auto r = one_op(comm, a.op);
       if (r) continue;
       std::cout << "DETECTED " << now_ms() << " " << r.error().to_string() << std::endl;
+      if (a.scenario == "stop" && a.rank == a.victim) return stale_rank_is_fenced(comm);
       if (r.error().code() != Errc::peer_lost) {
         fail("expected peer_lost, got " + r.error().to_string());
       } else if (r.error().message().find("rank " + std::to_string(a.victim)) ==
@@ -334,6 +357,33 @@ int run(const Args& a) {
         fail("a call after the failure must return aborted");
       }
       break;
+    }
+    if (a.scenario == "stop") {
+      // The new generation keeps working while the stale rank resumes and
+      // tries to rejoin; it leaves only when the test releases it (rank 0
+      // hosts the store the stale rank must be fenced by).
+      auto next = comm.reform();
+      if (!ok(next, "reform")) return 1;
+      Communicator& c = next.value();
+      std::cout << "REFORMED generation " << c.generation() << " rank " << c.rank() << "/"
+                << c.size() << std::endl;
+      // The ranks leave together: each round's sum carries, in its last
+      // element, how many of them saw the release file.
+      const auto deadline = std::chrono::steady_clock::now() + Millis(60000);
+      int rounds = 0;
+      while (std::chrono::steady_clock::now() < deadline) {
+        at::Tensor t = at::full({65}, static_cast<double>(c.rank() + 1));
+        t[64] = std::filesystem::exists(a.release) ? 1.0 : 0.0;
+        if (!ok(c.all_reduce(t), "all_reduce in the new generation")) break;
+        expect_equal(t.slice(0, 0, 64), at::full({64}, c.size() * (c.size() + 1) / 2.0),
+                     "all_reduce in the new generation");
+        ++rounds;
+        if (t[64].item<double>() > 0) break;
+        std::this_thread::sleep_for(Millis(20));
+      }
+      std::cout << "NEW GENERATION ROUNDS " << rounds << std::endl;
+      ok(c.barrier(), "final barrier of the new generation");
+      return failures == 0 ? 0 : 1;
     }
     reform_and_check(comm, a.world - 1, a.op);
     return failures == 0 ? 0 : 1;  // the old group is aborted: no final barrier
@@ -465,6 +515,8 @@ int main(int argc, char** argv) {
       a.backend = v;
     else if (k == "--op")
       a.op = v;
+    else if (k == "--release")
+      a.release = v;
     else {
       std::cerr << "unknown argument " << k << "\n";
       return 2;

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -80,12 +81,21 @@ class World {
     if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir_, ec);
   }
 
-  // Waits for every rank; false (and all killed) when `limit` passes first.
-  bool wait(Millis limit) {
+  // Waits for every rank; false when `limit` passes first (the destructor
+  // kills what still runs).
+  bool wait(Millis limit) { return wait_for({}, limit); }
+
+  // Waits for the given ranks (empty: all); false when `limit` passes first.
+  bool wait_for(const std::vector<int>& which, Millis limit) {
     const auto deadline = Clock::now() + limit;
     while (true) {
       bool all = true;
-      for (Rank& r : ranks_) {
+      for (std::size_t i = 0; i < ranks_.size(); ++i) {
+        if (!which.empty() &&
+            std::find(which.begin(), which.end(), static_cast<int>(i)) == which.end()) {
+          continue;
+        }
+        Rank& r = ranks_[i];
         if (r.done || r.pid <= 0) continue;
         int status = 0;
         if (::waitpid(r.pid, &status, WNOHANG) == r.pid) {
@@ -115,7 +125,21 @@ class World {
     return false;
   }
 
-  void kill(int rank) { ::kill(ranks_[rank].pid, SIGKILL); }
+  void kill(int rank) { signal(rank, SIGKILL); }
+  void signal(int rank, int sig) { ::kill(ranks_[rank].pid, sig); }
+
+  // Waits until `rank`'s log holds `text` (false after `limit`).
+  bool wait_for_line(int rank, const std::string& text, Millis limit) const {
+    const auto deadline = Clock::now() + limit;
+    while (Clock::now() < deadline) {
+      if (log(rank).find(text) != std::string::npos) return true;
+      std::this_thread::sleep_for(Millis(20));
+    }
+    return false;
+  }
+
+  // A path in the world's own directory.
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
   std::string log(int rank) const {
     std::ifstream in(ranks_[rank].log);

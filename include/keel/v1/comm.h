@@ -24,7 +24,9 @@
 ///   by a peer's death (`Errc::peer_lost`, naming the rank: each rank
 ///   publishes a heartbeat in the rendezvous store, and a rank whose
 ///   heartbeat stops for `CommOptions::peer_timeout` is lost), or by
-///   `abort()` (`Errc::aborted`).
+///   `abort()` (`Errc::aborted`). A rank that hangs with its sockets open
+///   (stopped, swapping, stuck in a driver) stops its heartbeat too, so it
+///   is named within the same bound, never after the operation's timeout.
 /// - A failed operation leaves the group in an unknown state, so it aborts
 ///   the communicator: every later call returns `Errc::aborted`, naming the
 ///   first failure. Build a new group with `reform()`.
@@ -281,6 +283,14 @@ class KEEL_API Communicator {
   /// the next generation on the same store, numbered in the order of their
   /// old ranks. Called by every survivor, on the world (not on a split).
   /// Fails with `timeout` when the survivors do not agree in time.
+  ///
+  /// Generations fence each other: a rank left out of the new generation
+  /// (it was stopped, or cut off, for longer than the peer timeout while
+  /// the others re-formed) finds, when it resumes, that its pending and
+  /// later operations fail with `peer_lost` ("rank r went on to generation
+  /// g without this rank") at its next heartbeat sample, and its own
+  /// `reform()` fails with `timeout` ("left out of generation g"): it can
+  /// never take a seat in, or send into, the newer group.
   result<Communicator> reform(const ReformOptions& options = {}) const;
 
   /// Aborts the group: pending and later operations return
