@@ -840,12 +840,15 @@ result<void> validate_options(const CommOptions& o) {
 }
 
 // A c10d backend and engine for `rank` of `size` on `prefix`, after every
-// rank arrived.
+// rank arrived by `deadline`. The backend keeps the group's own timeout:
+// Gloo also bounds send and recv by it, and once every rank has arrived
+// its connections form at once.
 result<std::unique_ptr<internal::CommEngine>> make_engine(const WorldState& w,
                                                           const std::string& prefix, int rank,
-                                                          int size, const std::string& name) {
+                                                          int size, const std::string& name,
+                                                          Clock::time_point deadline) {
   auto arrived = internal::comm_detail::await_arrival(
-      *w.store, prefix, rank, size, w.options.timeout, absl::StrCat("group '", name, "'"),
+      *w.store, prefix, rank, size, deadline, absl::StrCat("group '", name, "'"),
       w.plan.kind == RendezvousPlan::Kind::tcp && !w.plan.agent_store);
   if (!arrived) return arrived.error();
   return internal::guarded(kCreate, w.dispatch.adapter, [&] {
@@ -863,8 +866,10 @@ result<std::unique_ptr<internal::CommEngine>> make_engine(const WorldState& w,
   });
 }
 
-// A world (create() or reform()) of `size` ranks at `generation`.
-result<std::shared_ptr<GroupState>> make_world(std::shared_ptr<WorldState> w) {
+// A world (create() or reform()) of `size` ranks at `generation`, formed
+// by `deadline`.
+result<std::shared_ptr<GroupState>> make_world(std::shared_ptr<WorldState> w,
+                                               Clock::time_point deadline) {
   w->prefix = absl::StrCat(w->base, "g", w->generation, "/");
   auto live = internal::guarded(kCreate, "rendezvous", [&] {
     c10::intrusive_ptr<c10d::Store> own = w->store;
@@ -889,7 +894,7 @@ result<std::shared_ptr<GroupState>> make_world(std::shared_ptr<WorldState> w) {
   g->world_ranks.resize(static_cast<std::size_t>(w->size));
   std::iota(g->world_ranks.begin(), g->world_ranks.end(), 0);
   g->recorder = std::make_unique<FlightRecorder>(w->options.flight_recorder_entries);
-  auto engine = make_engine(*w, w->prefix, w->rank, w->size, g->name);
+  auto engine = make_engine(*w, w->prefix, w->rank, w->size, g->name, deadline);
   if (!engine) return engine.error();
   g->engine = std::move(engine).value();
   if (internal::log_enabled("comm")) {
@@ -990,10 +995,13 @@ result<Communicator> Communicator::create(const CommOptions& options) {
   w->kernel = selection.value().kernel;
   w->dispatch = std::move(selection.value().info);
 
-  auto store = internal::comm_detail::open_store(w->plan, options.timeout);
+  // One bound for the whole of create(): the store, the arrival of every
+  // rank and the backend's connections share it.
+  const auto deadline = Clock::now() + options.timeout;
+  auto store = internal::comm_detail::open_store(w->plan, options.timeout, deadline);
   if (!store) return store.error();
   w->store = std::move(store).value();
-  auto g = make_world(std::move(w));
+  auto g = make_world(std::move(w), deadline);
   if (!g) return g.error();
   return Communicator(std::move(g).value());
 }
@@ -1363,7 +1371,8 @@ result<Communicator> Communicator::split(const std::vector<int>& ranks,
   s->size = static_cast<int>(sorted.size());
   for (int r : sorted) s->world_ranks.push_back(g.world_ranks[static_cast<std::size_t>(r)]);
   s->recorder = std::make_unique<FlightRecorder>(g.world->options.flight_recorder_entries);
-  auto engine = make_engine(*g.world, s->prefix, s->rank, s->size, s->name);
+  auto engine = make_engine(*g.world, s->prefix, s->rank, s->size, s->name,
+                            Clock::now() + g.world->options.timeout);
   if (!engine) return engine.error();
   s->engine = std::move(engine).value();
   return Communicator(std::move(s));
@@ -1438,8 +1447,6 @@ result<Communicator> Communicator::reform(const ReformOptions& options) const {
   w->store = old.store;
   w->plan = old.plan;
   w->options = old.options;
-  w->options.timeout =
-      std::max(Millis(1), std::chrono::duration_cast<Millis>(deadline - Clock::now()));
   w->backend = old.backend;
   w->kernel = old.kernel;
   w->dispatch = old.dispatch;
@@ -1450,9 +1457,8 @@ result<Communicator> Communicator::reform(const ReformOptions& options) const {
   w->plan.rank = w->rank;
   w->plan.world_size = w->size;
   // The store stays where it was: hosted by old rank 0 (if it survived).
-  auto made = make_world(std::move(w));
+  auto made = make_world(std::move(w), deadline);
   if (!made) return made.error();
-  made.value()->world->options.timeout = old.options.timeout;
   return Communicator(std::move(made).value());
 }
 

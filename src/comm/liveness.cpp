@@ -45,18 +45,23 @@ Liveness::~Liveness() {
   try {
     store_->set(key(rank_), bytes(kLeft));
     // Rank 0 hosts the store: it lingers (at most a peer timeout) until
-    // the others have left, so that they never talk to a closed store.
+    // the others have left, so that they never talk to a closed store. A
+    // rank that never wrote its heartbeat never arrived: there is nobody
+    // to wait for (and a get of its key would block for the store's
+    // timeout).
     if (rank_ == 0 && store_on_rank0_) {
       std::vector<std::string> keys;
       for (std::size_t r = 1; r < samples_.size(); ++r) keys.push_back(key(static_cast<int>(r)));
       const auto deadline = Clock::now() + peer_timeout_;
       while (!keys.empty() && Clock::now() < deadline) {
-        const auto values = store_->multiGet(keys);
-        bool all_left = true;
-        for (const auto& v : values)
-          all_left = all_left && std::string(v.begin(), v.end()) == kLeft;
-        if (all_left) break;
-        std::this_thread::sleep_for(interval_);
+        std::vector<std::string> staying;
+        for (const std::string& k : keys) {
+          if (!store_->check({k})) continue;
+          const auto v = store_->get(k);
+          if (std::string(v.begin(), v.end()) != kLeft) staying.push_back(k);
+        }
+        keys = std::move(staying);
+        if (!keys.empty()) std::this_thread::sleep_for(interval_);
       }
     }
   } catch (...) {  // NOLINT(bugprone-empty-catch): the store may be gone first; peers then

@@ -1,6 +1,12 @@
 #include "comm/rendezvous.h"
 
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <thread>
 
 #include <absl/strings/match.h>
@@ -133,8 +139,67 @@ result<RendezvousPlan> plan_rendezvous(const comm::CommOptions& options) {
       absl::StrCat("rendezvous \"", url, "\": expected env://, tcp://host:port or file://path"));
 }
 
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Millis = std::chrono::milliseconds;
+
+Millis left_until(Clock::time_point deadline) {
+  return std::max(Millis(0), std::chrono::duration_cast<Millis>(deadline - Clock::now()));
+}
+
+// Whether something accepts TCP connections at host:port before
+// `deadline`, tried every 50 ms. A name that does not resolve counts as
+// reachable: c10d then reports it, at once.
+bool accepts_by(const std::string& host, int port, Clock::time_point deadline) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  const std::string service = std::to_string(port);
+  while (true) {
+    addrinfo* found = nullptr;
+    const int resolved = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
+    if (resolved != 0 && resolved != EAI_AGAIN) return true;
+    bool ok = false;
+    for (addrinfo* a = found; a != nullptr && !ok; a = a->ai_next) {
+      const int fd =
+          ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+      if (fd < 0) continue;
+      if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+        ok = true;
+      } else if (errno == EINPROGRESS) {
+        pollfd p{fd, POLLOUT, 0};
+        const auto wait =
+            static_cast<int>(std::min<std::int64_t>(left_until(deadline).count(), 200));
+        if (::poll(&p, 1, wait) == 1) {
+          int error = 0;
+          socklen_t length = sizeof(error);
+          ok = ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) == 0 && error == 0;
+        }
+      }
+      ::close(fd);
+    }
+    if (found != nullptr) ::freeaddrinfo(found);
+    if (ok) return true;
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::min(Millis(50), left_until(deadline)));
+  }
+}
+
+}  // namespace
+
 result<c10::intrusive_ptr<c10d::Store>> open_store(const RendezvousPlan& plan,
-                                                   std::chrono::milliseconds timeout) {
+                                                   std::chrono::milliseconds timeout,
+                                                   Clock::time_point deadline) {
+  const bool connects =
+      plan.kind == RendezvousPlan::Kind::tcp && (plan.rank != 0 || plan.agent_store);
+  if (connects && !accepts_by(plan.host, plan.port, deadline)) {
+    const std::string who = plan.agent_store ? "torchrun's agent" : "rank 0";
+    return Error(Errc::timeout,
+                 absl::StrCat(kOp, ": rank ", plan.rank, " could not reach the store at ",
+                              plan.host, ":", plan.port, " (hosted by ", who, ") within ",
+                              timeout.count(), " ms: nothing accepted connections there"));
+  }
   auto made = guarded(kOp, "rendezvous", [&]() -> c10::intrusive_ptr<c10d::Store> {
     if (plan.kind == RendezvousPlan::Kind::file) {
       return c10::make_intrusive<c10d::FileStore>(plan.path, plan.world_size);
@@ -143,7 +208,7 @@ result<c10::intrusive_ptr<c10d::Store>> open_store(const RendezvousPlan& plan,
     opts.port = static_cast<std::uint16_t>(plan.port);
     opts.isServer = plan.rank == 0 && !plan.agent_store;
     opts.waitWorkers = false;  // keel's own arrival names who is missing
-    opts.timeout = timeout;
+    opts.timeout = std::max(Millis(1), left_until(deadline));
     return c10::make_intrusive<c10d::TCPStore>(plan.host, opts);
   });
   if (made) {
@@ -180,19 +245,19 @@ std::string list_ranks(const std::vector<int>& ranks) {
 }
 
 result<void> await_arrival(c10d::Store& store, const std::string& prefix, int rank, int size,
-                           std::chrono::milliseconds timeout, const std::string& what,
+                           Clock::time_point deadline, const std::string& what,
                            bool hosted_by_rank0) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto start = Clock::now();
   std::vector<std::string> keys;
   keys.reserve(size);
   for (int r = 0; r < size; ++r) keys.push_back(absl::StrCat(prefix, "arrive/", r));
   auto step = guarded(kOp, "rendezvous", [&] {
     store.set(keys[rank], std::vector<std::uint8_t>{'1'});
-    auto pause = std::chrono::milliseconds(1);
+    auto pause = Millis(1);
     while (!store.check(keys)) {
-      if (std::chrono::steady_clock::now() >= deadline) return false;
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::milliseconds(50));
+      if (Clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::min(pause, left_until(deadline)));
+      pause = std::min(pause * 2, Millis(50));
     }
     return true;
   });
@@ -210,15 +275,33 @@ result<void> await_arrival(c10d::Store& store, const std::string& prefix, int ra
     auto there = guarded(kOp, "rendezvous", [&] { return store.check({keys[r]}); });
     if (!there || !there.value()) missing.push_back(r);
   }
-  // The host lingers a moment, so that the other ranks, which started
-  // waiting at about the same time, read the same verdict from the store.
-  if (rank == 0 && hosted_by_rank0) {
-    std::this_thread::sleep_for(std::min(timeout / 4, std::chrono::milliseconds(1000)));
+  // The host stays until every rank that arrived has read the verdict
+  // (they started waiting at about the same time), at most 1 s, so that
+  // none of them finds the store gone instead.
+  auto seen_key = [&](int r) { return absl::StrCat(prefix, "verdict-read/", r); };
+  if (rank != 0 || !hosted_by_rank0) {
+    (void)guarded(kOp, "rendezvous", [&] {
+      store.set(seen_key(rank), std::vector<std::uint8_t>{'1'});
+      return true;
+    });
+  } else {
+    std::vector<std::string> readers;
+    for (int r = 1; r < size; ++r) {
+      if (std::find(missing.begin(), missing.end(), r) == missing.end()) {
+        readers.push_back(seen_key(r));
+      }
+    }
+    const auto linger = Clock::now() + Millis(1000);
+    while (!readers.empty() && Clock::now() < linger) {
+      auto read = guarded(kOp, "rendezvous", [&] { return store.check(readers); });
+      if (!read || read.value()) break;
+      std::this_thread::sleep_for(Millis(5));
+    }
   }
-  return Error(
-      Errc::timeout,
-      absl::StrCat(kOp, ": ", what, ": rank", missing.size() == 1 ? " " : "s ", list_ranks(missing),
-                   " of ", size, " did not arrive within ", timeout.count(), " ms"));
+  const auto waited = std::chrono::duration_cast<Millis>(Clock::now() - start).count();
+  return Error(Errc::timeout, absl::StrCat(kOp, ": ", what, ": rank",
+                                           missing.size() == 1 ? " " : "s ", list_ranks(missing),
+                                           " of ", size, " did not arrive within ", waited, " ms"));
 }
 
 }  // namespace keel::internal::comm_detail

@@ -29,21 +29,27 @@ struct RendezvousPlan {
 
 result<RendezvousPlan> plan_rendezvous(const comm::CommOptions& options);
 
-// Opens (rank 0: hosts, unless the agent does) the store. `timeout` bounds
-// connecting and becomes the store's own timeout.
+// Opens (rank 0: hosts, unless the agent does) the store by `deadline`;
+// `timeout` becomes the store's own timeout. A rank that connects waits for
+// the host's port to accept by itself, so that an address nobody serves
+// is a timeout at the deadline (c10d's own connect loop overshoots it by
+// seconds).
 result<c10::intrusive_ptr<c10d::Store>> open_store(const RendezvousPlan& plan,
-                                                   std::chrono::milliseconds timeout);
+                                                   std::chrono::milliseconds timeout,
+                                                   std::chrono::steady_clock::time_point deadline);
 
 // The address Gloo should bind: loopback when the store is on loopback (a
 // single machine), else empty (Gloo resolves the host name).
 std::string gloo_host(const RendezvousPlan& plan);
 
-// Every rank sets `<prefix>arrive/<rank>`, then waits (polling `check`) for
-// all `size` ranks; a timeout names the ranks that never arrived.
-// `what` names the group in messages. `hosted_by_rank0`: the store lives
-// in rank 0's process, so losing it means losing rank 0.
+// Every rank sets `<prefix>arrive/<rank>`, then waits (polling `check`)
+// for all `size` ranks until `deadline`; a timeout names the ranks that
+// never arrived. `what` names the group in messages. `hosted_by_rank0`:
+// the store lives in rank 0's process, so losing it means losing rank 0;
+// on a timeout rank 0 then stays (at most 1 s) until every rank that
+// arrived has read the verdict.
 result<void> await_arrival(c10d::Store& store, const std::string& prefix, int rank, int size,
-                           std::chrono::milliseconds timeout, const std::string& what,
+                           std::chrono::steady_clock::time_point deadline, const std::string& what,
                            bool hosted_by_rank0);
 
 // "0, 2, 3" (at most 16 listed, then "and N more").

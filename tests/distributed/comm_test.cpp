@@ -220,10 +220,29 @@ TEST(CommDistributed, RankThatExitsEarlyIsNamed) {
   EXPECT_NE(w.log(0).find("rank 2 left"), std::string::npos) << w.all_logs();
 }
 
+// Each rank that came checks that create() ended within its timeout plus
+// comm.h's 1 s.
 TEST(CommDistributed, RankThatNeverJoinsTimesOutNamingIt) {
-  World w("never_join", 3, {"--victim", "2"}, /*launch=*/2);
+  World w("never_join", 3, {"--victim", "2", "--timeout-ms", "4000"}, /*launch=*/2);
   ASSERT_TRUE(w.wait(Millis(30000))) << "hang\n" << w.all_logs();
   expect_all_passed(w, "never_join");
+  for (int r : {0, 1}) {
+    std::printf("rank %d of 3 never joins, timeout 4000 ms: rank %d's create took %lld ms\n", 2, r,
+                static_cast<long long>(w.number_after(r, "TOOK")));
+  }
+}
+
+// Nobody serves the rendezvous address: create() gives up with `timeout`
+// within its timeout plus comm.h's 1 s (the worker checks the bound and
+// prints what it took), c10d's own connect loop notwithstanding.
+TEST(CommDistributed, NobodyAtTheAddressTimesOutWithinTheCallersBound) {
+  for (int timeout_ms : {500, 4000}) {
+    World w("unreachable", 2, {"--timeout-ms", std::to_string(timeout_ms)}, /*launch=*/1);
+    ASSERT_TRUE(w.wait(Millis(timeout_ms + 20000))) << "hang\n" << w.all_logs();
+    expect_all_passed(w, "unreachable");
+    std::printf("nobody at the address, timeout %d ms: create took %lld ms\n", timeout_ms,
+                static_cast<long long>(w.number_after(0, "TOOK")));
+  }
 }
 
 TEST(CommDistributed, RankSkippingAnOperationGivesTimeout) {

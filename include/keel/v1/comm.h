@@ -123,6 +123,11 @@ struct CommOptions {
   /// The number of ranks; overrides the environment.
   std::optional<int> world_size;
   /// The bound on creation and on every operation without its own timeout.
+  /// When the store cannot be reached or a rank does not arrive,
+  /// `create()` fails with `timeout` within it plus 1 s: reaching the store
+  /// and every rank's arrival share one deadline, and rank 0, which hosts
+  /// the store, may stay up to 1 s more, until the ranks that came have
+  /// read which ones did not.
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   /// The group's name: separates independent groups on one store, and names
   /// the group in logs and the flight recorder.
