@@ -849,7 +849,7 @@ result<std::unique_ptr<internal::CommEngine>> make_engine(const WorldState& w,
                                                           Clock::time_point deadline) {
   auto arrived = internal::comm_detail::await_arrival(
       *w.store, prefix, rank, size, deadline, absl::StrCat("group '", name, "'"),
-      w.plan.kind == RendezvousPlan::Kind::tcp && !w.plan.agent_store);
+      w.plan.kind == RendezvousPlan::Kind::tcp && !w.plan.external_store);
   if (!arrived) return arrived.error();
   return internal::guarded(kCreate, w.dispatch.adapter, [&] {
     internal::BackendRequest request;
@@ -880,7 +880,7 @@ result<std::shared_ptr<GroupState>> make_world(std::shared_ptr<WorldState> w,
     return std::make_unique<Liveness>(
         own, w->prefix, absl::StrCat(w->base, "g", w->generation + 1, "/members"),
         w->generation + 1, w->rank, w->size, w->options.heartbeat_interval, w->options.peer_timeout,
-        w->plan.kind == RendezvousPlan::Kind::tcp && !w->plan.agent_store);
+        w->plan.kind == RendezvousPlan::Kind::tcp && !w->plan.external_store);
   });
   if (!live) return live.error();
   w->liveness = std::move(live).value();

@@ -92,7 +92,10 @@ result<RendezvousPlan> plan_rendezvous(const comm::CommOptions& options) {
   if (!restart) return restart.error();
   plan.restart_count = std::max(0, restart.value().value_or(0));
   const auto agent = environment_value("TORCHELASTIC_USE_AGENT_STORE");
-  plan.agent_store = agent && (*agent == "True" || *agent == "true" || *agent == "1");
+  if (agent && (*agent == "True" || *agent == "true" || *agent == "1")) {
+    plan.external_store = true;
+    plan.store_owner = "torchrun's agent";
+  }
 
   if (url == "env://") {
     const auto addr = environment_value("MASTER_ADDR");
@@ -111,7 +114,20 @@ result<RendezvousPlan> plan_rendezvous(const comm::CommOptions& options) {
     return plan;
   }
   if (absl::StartsWith(url, "tcp://")) {
-    const std::string rest = url.substr(6);
+    std::string rest = url.substr(6);
+    // The one query keel knows: ?store=external (no rank hosts the store).
+    if (const auto query = rest.find('?'); query != std::string::npos) {
+      if (rest.substr(query + 1) != "store=external") {
+        return bad(absl::StrCat("rendezvous \"", url,
+                                "\": the only query keel knows is ?store=external (the store is "
+                                "hosted outside the ranks, e.g. by keel-store)"));
+      }
+      rest.resize(query);
+      if (!plan.external_store) {
+        plan.external_store = true;
+        plan.store_owner = "an external store process";
+      }
+    }
     const auto colon = rest.rfind(':');
     if (colon == std::string::npos || colon == 0) {
       return bad(absl::StrCat("rendezvous \"", url, "\": expected tcp://host:port"));
@@ -192,9 +208,9 @@ result<c10::intrusive_ptr<c10d::Store>> open_store(const RendezvousPlan& plan,
                                                    std::chrono::milliseconds timeout,
                                                    Clock::time_point deadline) {
   const bool connects =
-      plan.kind == RendezvousPlan::Kind::tcp && (plan.rank != 0 || plan.agent_store);
+      plan.kind == RendezvousPlan::Kind::tcp && (plan.rank != 0 || plan.external_store);
   if (connects && !accepts_by(plan.host, plan.port, deadline)) {
-    const std::string who = plan.agent_store ? "torchrun's agent" : "rank 0";
+    const std::string& who = plan.store_owner;
     return Error(Errc::timeout,
                  absl::StrCat(kOp, ": rank ", plan.rank, " could not reach the store at ",
                               plan.host, ":", plan.port, " (hosted by ", who, ") within ",
@@ -206,7 +222,7 @@ result<c10::intrusive_ptr<c10d::Store>> open_store(const RendezvousPlan& plan,
     }
     c10d::TCPStoreOptions opts;
     opts.port = static_cast<std::uint16_t>(plan.port);
-    opts.isServer = plan.rank == 0 && !plan.agent_store;
+    opts.isServer = plan.rank == 0 && !plan.external_store;
     opts.waitWorkers = false;  // keel's own arrival names who is missing
     opts.timeout = std::max(Millis(1), left_until(deadline));
     return c10::make_intrusive<c10d::TCPStore>(plan.host, opts);
@@ -219,7 +235,7 @@ result<c10::intrusive_ptr<c10d::Store>> open_store(const RendezvousPlan& plan,
   const bool timed_out = absl::StrContains(why, "imed out") || absl::StrContains(why, "timeout");
   const std::string where =
       plan.kind == RendezvousPlan::Kind::file ? plan.path : absl::StrCat(plan.host, ":", plan.port);
-  const std::string who = plan.agent_store ? "torchrun's agent" : "rank 0";
+  const std::string& who = plan.store_owner;
   if (timed_out) {
     return Error(Errc::timeout,
                  absl::StrCat(kOp, ": rank ", plan.rank, " could not reach the store at ", where,

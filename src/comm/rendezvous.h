@@ -21,10 +21,14 @@ struct RendezvousPlan {
   int rank = 0;
   int world_size = 1;
   int local_rank = -1;
-  // torchrun's agent hosts the store (TORCHELASTIC_USE_AGENT_STORE=True).
-  bool agent_store = false;
-  int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT
-  std::string described;  // "tcp://127.0.0.1:29500 (torchrun's environment)"
+  // No rank hosts the store: torchrun's agent does
+  // (TORCHELASTIC_USE_AGENT_STORE=True), or a process of the job's own,
+  // such as keel-store (tcp://host:port?store=external). Every rank, rank
+  // 0 included, then connects to it, and any rank may die and be survived.
+  bool external_store = false;
+  std::string store_owner = "rank 0";  // for messages: who hosts the store
+  int restart_count = 0;               // TORCHELASTIC_RESTART_COUNT
+  std::string described;               // "tcp://127.0.0.1:29500 (torchrun's environment)"
 };
 
 result<RendezvousPlan> plan_rendezvous(const comm::CommOptions& options);

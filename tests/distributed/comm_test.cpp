@@ -7,7 +7,10 @@
 #include "loopback.h"
 #include "world.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -66,8 +70,11 @@ struct KillOutcome {
 };
 
 KillOutcome kill_and_reform(const std::string& op, int n, int victim, const std::string& backend,
-                            std::mt19937& rng) {
-  World w("kill", n, {"--op", op, "--victim", std::to_string(victim), "--backend", backend});
+                            std::mt19937& rng, const std::vector<std::string>& more = {}) {
+  std::vector<std::string> extra{"--op",      op,     "--victim", std::to_string(victim),
+                                 "--backend", backend};
+  extra.insert(extra.end(), more.begin(), more.end());
+  World w("kill", n, extra);
   KillOutcome out;
   if (!w.ready(Millis(60000))) {
     out.other_failure = true;
@@ -211,6 +218,95 @@ TEST(CommDistributed, StoppedRankIsNamedThenFencedWhenItResumes) {
     EXPECT_GT(w.number_after(0, "NEW GENERATION ROUNDS"), 0) << w.all_logs();
     std::filesystem::remove(release);
   }
+}
+
+// The rendezvous store in a process of its own: keel-store, as a job
+// started by hand runs it, or standing in for torchrun's agent. Stopped
+// (SIGTERM, then SIGKILL) when it goes out of scope.
+class StoreProcess {
+ public:
+  StoreProcess() : port_(keel::testing::free_port()) {
+    log_ = (std::filesystem::temp_directory_path() /
+            ("keel-store-" + std::to_string(::getpid()) + ".log"))
+               .string();
+    std::vector<std::string> args{KEEL_STORE_EXE, "--port", std::to_string(port_), "--lifetime-s",
+                                  "300"};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&actions);
+  }
+  ~StoreProcess() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGTERM);
+    for (int i = 0; i < 100 && ::waitpid(pid_, nullptr, WNOHANG) == 0; ++i) {
+      std::this_thread::sleep_for(Millis(20));
+    }
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, WNOHANG);
+    std::filesystem::remove(log_);
+  }
+  StoreProcess(const StoreProcess&) = delete;
+  StoreProcess& operator=(const StoreProcess&) = delete;
+
+  // Whether it serves (false after `limit`).
+  bool serving(Millis limit) const {
+    const auto deadline = Clock::now() + limit;
+    while (Clock::now() < deadline) {
+      std::ifstream in(log_);
+      std::stringstream s;
+      s << in.rdbuf();
+      if (s.str().find("serving on port") != std::string::npos) return true;
+      std::this_thread::sleep_for(Millis(20));
+    }
+    return false;
+  }
+  int port() const { return port_; }
+
+ private:
+  int port_;
+  pid_t pid_ = -1;
+  std::string log_;
+};
+
+// Rank 0 dies while the store lives elsewhere: the others name it, re-form
+// without it and compute correctly, on each adapter. The store is
+// keel-store, reached as "?store=external".
+TEST(CommDistributed, RankZeroDiesWithKeelStoreAndTheOthersReform) {
+  std::mt19937 rng(11);
+  for (const std::string& backend : backends()) {
+    StoreProcess store;  // one store per job, as torchrun's agent makes one per rendezvous
+    ASSERT_TRUE(store.serving(Millis(20000)));
+    const KillOutcome o =
+        kill_and_reform("all_reduce", 3, /*victim=*/0, backend, rng,
+                        {"--port", std::to_string(store.port()), "--external-store", "1"});
+    EXPECT_FALSE(o.hang || o.wrong_result || o.other_failure) << backend << "\n" << o.logs;
+    EXPECT_EQ(o.detection_ms.size(), 2u) << backend << "\n" << o.logs;
+    std::printf("keel-store (%s), rank 0 killed during all_reduce: named after %s ms\n",
+                backend.c_str(),
+                o.detection_ms.empty() ? "-" : std::to_string(o.detection_ms.front()).c_str());
+  }
+}
+
+// The same under torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE=True
+// and a plain tcp:// address, as torchrun's environment gives it), with
+// keel-store hosting the store the way the agent does; rank 0 dies during
+// all_gather.
+TEST(CommDistributed, RankZeroDiesUnderTorchrunsAgentStoreAndTheOthersReform) {
+  StoreProcess store;
+  ASSERT_TRUE(store.serving(Millis(20000)));
+  std::mt19937 rng(13);
+  ::setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+  const KillOutcome o = kill_and_reform("all_gather", 3, /*victim=*/0, "auto", rng,
+                                        {"--port", std::to_string(store.port())});
+  ::unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+  EXPECT_FALSE(o.hang || o.wrong_result || o.other_failure) << o.logs;
+  EXPECT_EQ(o.detection_ms.size(), 2u) << o.logs;
 }
 
 TEST(CommDistributed, RankThatExitsEarlyIsNamed) {

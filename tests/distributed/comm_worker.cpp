@@ -4,7 +4,7 @@
 //
 //   keel_comm_worker SCENARIO --rank R --world N --port P [--victim V]
 //                    [--backend compat|native] [--op OP] [--release FILE]
-//                    [--timeout-ms T]
+//                    [--timeout-ms T] [--external-store 1]
 //
 // Exit 0: the scenario's checks passed; 1: a check failed (printed as
 // "FAIL ..."); 2: usage.
@@ -40,8 +40,9 @@ struct Args {
   int victim = 1;
   std::string backend = "auto";
   std::string op = "all_reduce";
-  std::string release;    // stop: the survivors wait for this file before they leave
-  int timeout_ms = 3000;  // unreachable, never_join: create()'s timeout
+  std::string release;          // stop: the survivors wait for this file before they leave
+  int timeout_ms = 3000;        // unreachable, never_join: create()'s timeout
+  bool external_store = false;  // the store is hosted outside the ranks
 };
 
 int failures = 0;
@@ -67,7 +68,8 @@ bool ok(const R& r, const std::string& what) {
 
 keel::comm::CommOptions options(const Args& a) {
   keel::comm::CommOptions o;
-  o.rendezvous = "tcp://127.0.0.1:" + std::to_string(a.port);
+  o.rendezvous =
+      "tcp://127.0.0.1:" + std::to_string(a.port) + (a.external_store ? "?store=external" : "");
   o.rank = a.rank;
   o.world_size = a.world;
   o.timeout = Millis(20000);
@@ -548,6 +550,8 @@ int main(int argc, char** argv) {
       a.release = v;
     else if (k == "--timeout-ms")
       a.timeout_ms = std::atoi(v.c_str());
+    else if (k == "--external-store")
+      a.external_store = v == "1";
     else {
       std::cerr << "unknown argument " << k << "\n";
       return 2;

@@ -15,8 +15,8 @@
 #include <nlohmann/json.hpp>
 
 #include "conformance/adapters.h"
-#include "harness/safetensors.h"
 #include "harness/rank_workers.h"
+#include "harness/safetensors.h"
 #include "harness/upgrade_check.h"
 
 namespace keel::harness {

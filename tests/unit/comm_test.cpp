@@ -67,6 +67,8 @@ TEST(CommOptions, BadOptionsNameTheArgument) {
       {[](CommOptions& o) { o.rendezvous = "tcp://host"; }, "expected tcp://host:port"},
       {[](CommOptions& o) { o.rendezvous = "tcp://host:0"; }, "port \"0\""},
       {[](CommOptions& o) { o.rendezvous = "tcp://host:http"; }, "port \"http\""},
+      {[](CommOptions& o) { o.rendezvous = "tcp://host:29500?store=rank0"; },
+       "the only query keel knows is ?store=external"},
       {[](CommOptions& o) { o.rendezvous = "file://"; }, "expected file://path"},
       {[](CommOptions& o) { o.rank = 1; }, "rank: expected in [0, 1), got 1"},
       {[](CommOptions& o) { o.rank = -1; }, "rank: expected in [0, 1), got -1"},

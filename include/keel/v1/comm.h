@@ -116,7 +116,18 @@ struct CommOptions {
   ///   `MASTER_PORT` 29500 when unset);
   /// - `"tcp://host:port"`: a TCP store at host:port, hosted by rank 0
   ///   (or by torchrun's agent when `TORCHELASTIC_USE_AGENT_STORE=True`);
+  /// - `"tcp://host:port?store=external"`: a TCP store that a process of
+  ///   the job's own hosts, such as `keel-store --port P`, which keel
+  ///   installs beside `keel-info` (one per job, as torchrun's agent
+  ///   makes one per rendezvous: a store keeps the keys of earlier jobs,
+  ///   which a new job of the same `name` would read);
   /// - `"file://path"`: a store in a file on a filesystem all ranks share.
+  ///
+  /// Where the store lives decides which deaths the others survive. Hosted
+  /// outside the ranks (torchrun's agent, keel-store), any rank may die,
+  /// rank 0 included, and the survivors `reform()`. Hosted by rank 0 (the
+  /// default for a job started by hand), rank 0's death takes the store
+  /// with it: the others get `peer_lost` naming rank 0, and cannot re-form.
   std::string rendezvous = "env://";
   /// This process's rank; overrides the environment.
   std::optional<int> rank;
