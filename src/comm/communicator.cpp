@@ -995,8 +995,7 @@ result<Communicator> Communicator::create(const CommOptions& options) {
   w->kernel = selection.value().kernel;
   w->dispatch = std::move(selection.value().info);
 
-  // One bound for the whole of create(): the store, the arrival of every
-  // rank and the backend's connections share it.
+  // One bound for reaching the store and the arrival of every rank.
   const auto deadline = Clock::now() + options.timeout;
   auto store = internal::comm_detail::open_store(w->plan, options.timeout, deadline);
   if (!store) return store.error();
@@ -1456,7 +1455,8 @@ result<Communicator> Communicator::reform(const ReformOptions& options) const {
   w->size = static_cast<int>(members.size());
   w->plan.rank = w->rank;
   w->plan.world_size = w->size;
-  // The store stays where it was: hosted by old rank 0 (if it survived).
+  // The store stays where it was: with old rank 0 (if it survived) or
+  // outside the ranks.
   auto made = make_world(std::move(w), deadline);
   if (!made) return made.error();
   return Communicator(std::move(made).value());
