@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <absl/strings/str_cat.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -102,6 +103,10 @@ class LossFamily final : public Family {
     }
     // keel checks the slice against the other ranks' (the shards must tile
     // the vocabulary); the rank's own weight rows are its shard's size.
+    // The ranks share the machine: each runs on one intra-op thread, so
+    // that the BLAS never picks its thread count by load and a repeat is
+    // bitwise the same (a 3-rank case on 2 cores was not).
+    at::set_num_threads(1);
     return run_loss(c, backend, group, shards.value()[group.rank()].first);
   }
 
