@@ -839,6 +839,80 @@ result<void> validate_options(const CommOptions& o) {
   return success();
 }
 
+// Where a generation's seats and members are: `<base>g<generation>/`.
+std::string generation_prefix(const WorldState& w, int generation) {
+  return absl::StrCat(w.base, "g", generation, "/");
+}
+
+std::string seat_key(const std::string& prefix, int rank) {
+  return absl::StrCat(prefix, "seat/", rank);
+}
+
+// Claims `rank`'s seat in the generation at `prefix` for this process
+// (compareSet: the first claim wins); whether the seat is this process's.
+bool claim_seat(c10d::Store& store, const std::string& prefix, int rank) {
+  const std::string& token = internal::comm_detail::process_token();
+  const auto held = store.compareSet(seat_key(prefix, rank), {},
+                                     std::vector<std::uint8_t>(token.begin(), token.end()));
+  return std::string(held.begin(), held.end()) == token;
+}
+
+std::vector<int> parse_members(const std::vector<std::uint8_t>& value) {
+  std::vector<int> members;
+  for (absl::string_view p :
+       absl::StrSplit(absl::string_view(reinterpret_cast<const char*>(value.data()), value.size()),
+                      ',', absl::SkipEmpty())) {
+    int r = 0;
+    if (absl::SimpleAtoi(p, &r)) members.push_back(r);
+  }
+  return members;
+}
+
+// A replacement's seat: the generation it joins (the first after the
+// newest formed that takes this rank in) and that generation's members.
+struct Rejoined {
+  int generation = 0;
+  std::vector<int> members;
+};
+
+result<Rejoined> find_seat(const WorldState& w, Clock::time_point deadline) {
+  const char* op = "Communicator::create";
+  c10d::Store& store = *w.store;
+  int newest = w.generation;
+  while (true) {
+    auto step = internal::guarded(op, "rendezvous", [&]() -> std::optional<Rejoined> {
+      while (store.check({generation_prefix(w, newest + 1) + "members"})) ++newest;
+      const std::string prefix = generation_prefix(w, newest + 1);
+      if (!claim_seat(store, prefix, w.rank)) return Rejoined{newest + 1, {}};
+      while (!store.check({prefix + "members"})) {
+        if (Clock::now() >= deadline) return std::nullopt;
+        std::this_thread::sleep_for(Millis(20));
+      }
+      return Rejoined{newest + 1, parse_members(store.get(prefix + "members"))};
+    });
+    if (!step) return step.error();
+    if (!step.value()) {
+      return Error(Errc::timeout,
+                   absl::StrCat("keel::comm::", op, ": rank ", w.rank, " could not rejoin '",
+                                w.options.name, "': no generation after ", newest,
+                                " was formed with it within ", w.options.timeout.count(),
+                                " ms (the survivors grow back with "
+                                "ReformOptions::wait_for_replacements)"));
+    }
+    Rejoined seat = std::move(step.value()).value();
+    if (seat.members.empty()) {
+      return invalid(
+          op, absl::StrCat("rejoin: rank ", w.rank, "'s seat in generation ", seat.generation,
+                           " is held by another process (is rank ", w.rank,
+                           " still alive, or was a second replacement started?)"));
+    }
+    if (std::find(seat.members.begin(), seat.members.end(), w.rank) != seat.members.end()) {
+      return seat;
+    }
+    newest = seat.generation;  // formed without this rank: wait for the next one
+  }
+}
+
 // A c10d backend and engine for `rank` of `size` on `prefix`, after every
 // rank arrived by `deadline`. The backend keeps the group's own timeout:
 // Gloo also bounds send and recv by it, and once every rank has arrived
@@ -878,8 +952,8 @@ result<std::shared_ptr<GroupState>> make_world(std::shared_ptr<WorldState> w,
     } catch (...) {             // NOLINT(bugprone-empty-catch): FileStore cannot clone; share it
     }
     return std::make_unique<Liveness>(
-        own, w->prefix, absl::StrCat(w->base, "g", w->generation + 1, "/members"),
-        w->generation + 1, w->rank, w->size, w->options.heartbeat_interval, w->options.peer_timeout,
+        own, w->prefix, absl::StrCat(w->base, "g", w->generation + 1, "/"), w->generation + 1,
+        w->rank, w->size, w->options.heartbeat_interval, w->options.peer_timeout,
         w->plan.kind == RendezvousPlan::Kind::tcp && !w->plan.external_store);
   });
   if (!live) return live.error();
@@ -995,11 +1069,30 @@ result<Communicator> Communicator::create(const CommOptions& options) {
   w->kernel = selection.value().kernel;
   w->dispatch = std::move(selection.value().info);
 
+  if (options.rejoin && w->plan.kind == RendezvousPlan::Kind::tcp && !w->plan.external_store &&
+      w->rank == 0) {
+    return invalid("Communicator::create",
+                   "rejoin: rank 0 hosted the store, so nothing survived it to rejoin; host "
+                   "the store outside the ranks (keel-store with ?store=external, or "
+                   "torchrun's agent store)");
+  }
+
   // One bound for reaching the store and the arrival of every rank.
   const auto deadline = Clock::now() + options.timeout;
   auto store = internal::comm_detail::open_store(w->plan, options.timeout, deadline);
   if (!store) return store.error();
   w->store = std::move(store).value();
+  if (options.rejoin) {
+    auto seat = find_seat(*w, deadline);
+    if (!seat) return seat.error();
+    const std::vector<int>& members = seat.value().members;
+    w->generation = seat.value().generation;
+    w->rank =
+        static_cast<int>(std::find(members.begin(), members.end(), w->rank) - members.begin());
+    w->size = static_cast<int>(members.size());
+    w->plan.rank = w->rank;
+    w->plan.world_size = w->size;
+  }
   auto g = make_world(std::move(w), deadline);
   if (!g) return g.error();
   return Communicator(std::move(g).value());
@@ -1398,49 +1491,87 @@ result<Communicator> Communicator::reform(const ReformOptions& options) const {
     return invalid(op, absl::StrCat("timeout: expected > 0 ms, got ", timeout.count()));
   }
   const int next = old.generation + 1;
-  const std::string prefix = absl::StrCat(old.base, "g", next, "/");
+  const std::string prefix = generation_prefix(old, next);
+  const std::string members_key = prefix + "members";
   const auto deadline = Clock::now() + timeout;
   c10d::Store& store = *old.store;
-  auto join_key = [&](int r) { return absl::StrCat(prefix, "join/", r); };
 
+  // Each rank claims its seat; then the members are the seats taken by
+  // ranks the heartbeats call alive (or, growing back, every seat, taken by
+  // its survivor or a replacement), and the first proposal written wins
+  // (compareSet), so all agree.
+  struct Outcome {
+    bool seat_taken = false;
+    std::vector<int> missing;  // growing back: seats still empty at the deadline
+    std::vector<int> members;
+  };
   auto joined = internal::guarded(op, "rendezvous", [&] {
-    store.set(join_key(g.rank), std::vector<std::uint8_t>{'1'});
-    // Wait until every rank the heartbeats call alive has joined; then the
-    // first proposal written wins (compareSet), so all agree.
+    Outcome out;
+    if (!claim_seat(store, prefix, g.rank)) {
+      out.seat_taken = true;
+      return out;
+    }
     std::vector<int> members;
     while (true) {
+      if (store.check({members_key})) break;  // decided already
       std::set<int> lost;
-      for (const LostPeer& p : old.liveness->lost(g.world_ranks)) lost.insert(p.world_rank);
+      if (!options.wait_for_replacements) {
+        for (const LostPeer& p : old.liveness->lost(g.world_ranks)) lost.insert(p.world_rank);
+      }
       members.clear();
-      bool all_in = true;
+      out.missing.clear();
       for (int r = 0; r < g.size; ++r) {
         if (lost.count(r) != 0) continue;
-        if (store.check({join_key(r)})) {
+        if (store.check({seat_key(prefix, r)})) {
           members.push_back(r);
         } else {
-          all_in = false;
+          out.missing.push_back(r);
         }
       }
-      if (all_in || Clock::now() >= deadline) break;
+      if (out.missing.empty() || Clock::now() >= deadline) break;
       std::this_thread::sleep_for(old.liveness->interval());
     }
-    const std::string proposal = absl::StrJoin(members, ",");
-    auto won = store.compareSet(absl::StrCat(prefix, "members"), {},
-                                std::vector<std::uint8_t>(proposal.begin(), proposal.end()));
-    return std::string(won.begin(), won.end());
+    if (store.check({members_key})) {
+      // Decided by another survivor: growing back, only a full world will do.
+      out.members = parse_members(store.get(members_key));
+      out.missing.clear();
+      for (int r = 0; options.wait_for_replacements && r < g.size; ++r) {
+        if (std::find(out.members.begin(), out.members.end(), r) == out.members.end()) {
+          out.missing.push_back(r);
+        }
+      }
+    } else if (!options.wait_for_replacements || out.missing.empty()) {
+      const std::string proposal = absl::StrJoin(members, ",");
+      out.members = parse_members(store.compareSet(
+          members_key, {}, std::vector<std::uint8_t>(proposal.begin(), proposal.end())));
+      out.missing.clear();
+    }
+    return out;
   });
   if (!joined) return joined.error();
-  std::vector<int> members;
-  for (absl::string_view p : absl::StrSplit(joined.value(), ',', absl::SkipEmpty())) {
-    int r = 0;
-    if (absl::SimpleAtoi(p, &r)) members.push_back(r);
-  }
-  const auto me = std::find(members.begin(), members.end(), g.rank);
-  if (me == members.end()) {
+  const Outcome& outcome = joined.value();
+  if (!outcome.missing.empty()) {
     return Error(Errc::timeout,
-                 absl::StrCat("keel::comm::", op, ": rank ", g.rank, " was left out of generation ",
-                              next, " (members: ", list_ranks(members),
-                              "); it joined too late or its heartbeat looked dead"));
+                 absl::StrCat("keel::comm::", op, ": generation ", next, " of '", g.name,
+                              "' did not grow back within ", timeout.count(),
+                              " ms: no process "
+                              "took the seat",
+                              outcome.missing.size() == 1 ? " of rank " : "s of ranks ",
+                              list_ranks(outcome.missing),
+                              "; call reform() without wait_for_replacements to continue as "
+                              "the smaller world"));
+  }
+  const std::vector<int>& members = outcome.members;
+  const auto me = std::find(members.begin(), members.end(), g.rank);
+  if (outcome.seat_taken || me == members.end()) {
+    return Error(
+        Errc::timeout,
+        absl::StrCat("keel::comm::", op, ": rank ", g.rank, " was left out of generation ", next,
+                     outcome.seat_taken ? absl::StrCat(": another process (a replacement) took "
+                                                       "its seat")
+                                        : absl::StrCat(" (members: ", list_ranks(members),
+                                                       "); it joined too late or its heartbeat "
+                                                       "looked dead")));
   }
   auto w = std::make_shared<WorldState>();
   w->store = old.store;

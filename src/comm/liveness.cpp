@@ -1,6 +1,9 @@
 #include "comm/liveness.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <random>
 
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
@@ -18,13 +21,23 @@ std::vector<std::uint8_t> bytes(const std::string& s) {
 
 }  // namespace
 
+const std::string& process_token() {
+  static const std::string token = [] {
+    std::random_device random;
+    const std::uint64_t nonce = (static_cast<std::uint64_t>(random()) << 32U) ^ random();
+    return absl::StrCat(::getpid(), "-", absl::Hex(nonce));
+  }();
+  return token;
+}
+
 Liveness::Liveness(c10::intrusive_ptr<c10d::Store> store, std::string prefix,
-                   std::string next_members, int next_generation, int rank, int size,
+                   const std::string& next_prefix, int next_generation, int rank, int size,
                    std::chrono::milliseconds interval, std::chrono::milliseconds peer_timeout,
                    bool store_on_rank0)
     : store_(std::move(store)),
       prefix_(std::move(prefix)),
-      next_members_(std::move(next_members)),
+      next_members_(absl::StrCat(next_prefix, "members")),
+      next_seat_(absl::StrCat(next_prefix, "seat/", rank)),
       next_generation_(next_generation),
       rank_(rank),
       interval_(interval),
@@ -95,8 +108,15 @@ std::vector<int> Liveness::superseded_by() {
                       ',', absl::SkipEmpty())) {
     int r = 0;
     if (!absl::SimpleAtoi(part, &r)) continue;
-    if (r == rank_) return {};  // this rank went on with them
     members.push_back(r);
+  }
+  if (std::find(members.begin(), members.end(), rank_) != members.end()) {
+    // This rank went on: as this process, or as a replacement that took
+    // its seat while this one was stopped or cut off.
+    if (!store_->check({next_seat_})) return {};
+    const std::vector<std::uint8_t> seat = store_->get(next_seat_);
+    if (std::string(seat.begin(), seat.end()) == process_token()) return {};
+    members.erase(std::find(members.begin(), members.end(), rank_));
   }
   superseded_ = members;
   return members;

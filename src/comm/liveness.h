@@ -10,7 +10,9 @@
 // on to generation N without this rank") at its next sample, so that a
 // rank that was stopped or cut off while the others re-formed fails at
 // once when it resumes, instead of waiting out its operation's timeout
-// beside heartbeats that still beat.
+// beside heartbeats that still beat. A seat in a generation belongs to one
+// process (`<prefix>seat/<rank>` holds its token): a rank whose seat in the
+// next generation went to another process (a replacement) is fenced too.
 #pragma once
 
 #include <atomic>
@@ -30,6 +32,10 @@ struct LostPeer {
   std::string why;  // "heartbeat stopped 1.6 s ago", "left (destroyed its communicator)"
 };
 
+// This process's token: the value it writes to claim a seat, unique to the
+// process (its pid and a random number), the same for all its claims.
+const std::string& process_token();
+
 class Liveness {
  public:
   using Clock = std::chrono::steady_clock;
@@ -38,11 +44,12 @@ class Liveness {
   // long store operation elsewhere never delays the heartbeat. Writes this
   // rank's first heartbeat before it returns (before arrival), so that
   // every member's key exists once the world is formed.
-  // `next_members` is the key at which generation `next_generation`'s
-  // members are written.
-  Liveness(c10::intrusive_ptr<c10d::Store> store, std::string prefix, std::string next_members,
-           int next_generation, int rank, int size, std::chrono::milliseconds interval,
-           std::chrono::milliseconds peer_timeout, bool store_on_rank0);
+  // `next_prefix` is generation `next_generation`'s prefix: its members
+  // and seats are read there.
+  Liveness(c10::intrusive_ptr<c10d::Store> store, std::string prefix,
+           const std::string& next_prefix, int next_generation, int rank, int size,
+           std::chrono::milliseconds interval, std::chrono::milliseconds peer_timeout,
+           bool store_on_rank0);
   ~Liveness();
   Liveness(const Liveness&) = delete;
   Liveness& operator=(const Liveness&) = delete;
@@ -58,13 +65,14 @@ class Liveness {
  private:
   void beat();
   std::string key(int rank) const;
-  // The next generation's members when it was formed without this rank
-  // (empty otherwise); sampled with the heartbeats, under mutex_.
+  // The next generation's members when it was formed without this
+  // process (empty otherwise); sampled with the heartbeats, under mutex_.
   std::vector<int> superseded_by();
 
   c10::intrusive_ptr<c10d::Store> store_;
   const std::string prefix_;
   const std::string next_members_;
+  const std::string next_seat_;
   const int next_generation_;
   const int rank_;
   const std::chrono::milliseconds interval_;

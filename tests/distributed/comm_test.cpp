@@ -309,6 +309,119 @@ TEST(CommDistributed, RankZeroDiesUnderTorchrunsAgentStoreAndTheOthersReform) {
   EXPECT_EQ(o.detection_ms.size(), 2u) << o.logs;
 }
 
+// Issue 18 item 1: a killed rank is replaced by a new process (as
+// torchrun's agent or a supervisor restarts it, with CommOptions::rejoin)
+// that takes its seat; the survivors' reform waits for it and the world
+// grows back to its full size with the same numbering, on each adapter,
+// with the store in rank 0 and in keel-store. The worker checks an
+// operation and sums exactly on the grown world.
+TEST(CommDistributed, KilledRanksReplacementRejoinsAndTheWorldGrowsBack) {
+  for (const std::string& backend : backends()) {
+    for (const bool external : {false, true}) {
+      const std::string where = backend + (external ? ", keel-store" : ", store in rank 0");
+      StoreProcess store;
+      ASSERT_TRUE(store.serving(Millis(20000)));
+      std::vector<std::string> extra{"--victim",     "1",    "--backend", backend,
+                                     "--timeout-ms", "20000"};
+      if (external) {
+        extra.insert(extra.end(),
+                     {"--port", std::to_string(store.port()), "--external-store", "1"});
+      }
+      World w("replace", 3, extra);
+      ASSERT_TRUE(w.ready(Millis(60000))) << where << "\n" << w.all_logs();
+      std::this_thread::sleep_for(Millis(200));
+      const std::int64_t killed = now_ms();
+      w.kill(1);
+      ASSERT_TRUE(w.wait_for_line(0, "DETECTED", Millis(30000))) << where << "\n" << w.all_logs();
+      const int replacement = w.add(1, {"--rejoin", "1"});
+      ASSERT_TRUE(w.wait(Millis(60000))) << where << ": hang\n" << w.all_logs();
+      for (int p : {0, 2, replacement}) {
+        EXPECT_EQ(w.status(p), 0) << where << ": process " << p << "\n" << w.all_logs();
+      }
+      EXPECT_NE(w.log(0).find("REFORMED generation 1 rank 0/3"), std::string::npos) << where << "\n"
+                                                                                    << w.all_logs();
+      EXPECT_NE(w.log(2).find("REFORMED generation 1 rank 2/3"), std::string::npos) << where << "\n"
+                                                                                    << w.all_logs();
+      EXPECT_NE(w.log(replacement).find("REJOINED generation 1 rank 1/3"), std::string::npos)
+          << where << "\n"
+          << w.all_logs();
+      std::printf("%s: rank 1 killed, named after %lld ms, world of 3 again after %lld ms\n",
+                  where.c_str(), static_cast<long long>(w.number_after(0, "DETECTED") - killed),
+                  static_cast<long long>(w.number_after(replacement, "GREW") - killed));
+    }
+  }
+}
+
+// A replacement that never comes: the survivors' reform waiting for it
+// ends with timeout naming the empty seat within its bound, and a plain
+// reform then forms the smaller world.
+TEST(CommDistributed, ReplacementThatNeverComesIsNamedAndTheSurvivorsShrink) {
+  for (const std::string& backend : backends()) {
+    World w(
+        "replace", 3,
+        {"--victim", "1", "--backend", backend, "--timeout-ms", "2000", "--expect-missing", "1"});
+    ASSERT_TRUE(w.ready(Millis(60000))) << w.all_logs();
+    std::this_thread::sleep_for(Millis(200));
+    w.kill(1);
+    ASSERT_TRUE(w.wait(Millis(60000))) << backend << ": hang\n" << w.all_logs();
+    for (int r : {0, 2}) {
+      EXPECT_EQ(w.status(r), 0) << backend << ": rank " << r << "\n" << w.all_logs();
+      EXPECT_NE(w.log(r).find("REFORMED generation 1 rank"), std::string::npos) << backend << "\n"
+                                                                                << w.all_logs();
+    }
+    std::printf("%s: the missing replacement was named after %lld ms (timeout 2000 ms)\n",
+                backend.c_str(), static_cast<long long>(w.number_after(0, "MISSING")));
+  }
+}
+
+// Generations fence each other when the replaced process was only stopped:
+// its replacement takes the seat, and when the old process resumes it finds
+// its group failed and the seat taken (an error, never a hang or a seat),
+// while the grown-back world keeps working.
+TEST(CommDistributed, StoppedRanksReplacementTakesItsSeatAndTheResumedProcessIsFenced) {
+  for (const std::string& backend : backends()) {
+    StoreProcess store;
+    ASSERT_TRUE(store.serving(Millis(20000)));
+    const std::string release =
+        (std::filesystem::temp_directory_path() /
+         ("keel-release-replace-" + std::to_string(::getpid()) + "-" + backend))
+            .string();
+    std::filesystem::remove(release);
+    World w("replace", 3,
+            {"--victim", "1", "--backend", backend, "--timeout-ms", "20000", "--release", release,
+             "--port", std::to_string(store.port()), "--external-store", "1"});
+    ASSERT_TRUE(w.ready(Millis(60000))) << w.all_logs();
+    std::this_thread::sleep_for(Millis(200));
+    w.signal(1, SIGSTOP);
+    ASSERT_TRUE(w.wait_for_line(0, "DETECTED", Millis(30000))) << backend << "\n" << w.all_logs();
+    const int replacement = w.add(1, {"--rejoin", "1"});
+    for (int p : {0, 2}) {
+      ASSERT_TRUE(w.wait_for_line(p, "REFORMED generation 1 rank", Millis(30000)))
+          << backend << "\n"
+          << w.all_logs();
+    }
+    ASSERT_TRUE(w.wait_for_line(replacement, "REJOINED generation 1 rank 1/3", Millis(30000)))
+        << backend << "\n"
+        << w.all_logs();
+    const std::int64_t resumed = now_ms();
+    w.signal(1, SIGCONT);
+    ASSERT_TRUE(w.wait_for({1}, Millis(30000))) << backend << ": the resumed process hangs\n"
+                                                << w.all_logs();
+    EXPECT_EQ(w.status(1), 0) << w.all_logs();
+    EXPECT_NE(w.log(1).find("another process (a replacement) took its seat"), std::string::npos)
+        << w.all_logs();
+    std::printf("%s: the resumed process was fenced after %lld ms\n", backend.c_str(),
+                static_cast<long long>(w.number_after(1, "FENCED") - resumed));
+    std::ofstream(release) << "done\n";
+    ASSERT_TRUE(w.wait(Millis(30000))) << backend << ": hang\n" << w.all_logs();
+    std::filesystem::remove(release);
+    for (int p : {0, 2, replacement}) {
+      EXPECT_EQ(w.status(p), 0) << backend << ": process " << p << "\n" << w.all_logs();
+    }
+    EXPECT_GT(w.number_after(0, "NEW GENERATION ROUNDS"), 0) << w.all_logs();
+  }
+}
+
 TEST(CommDistributed, RankThatExitsEarlyIsNamed) {
   World w("exit_early", 3, {"--op", "all_reduce", "--victim", "2"});
   ASSERT_TRUE(w.wait(Millis(60000))) << "hang\n" << w.all_logs();

@@ -4,7 +4,8 @@
 //
 //   keel_comm_worker SCENARIO --rank R --world N --port P [--victim V]
 //                    [--backend compat|native] [--op OP] [--release FILE]
-//                    [--timeout-ms T] [--external-store 1]
+//                    [--timeout-ms T] [--external-store 1] [--rejoin 1]
+//                    [--expect-missing 1]
 //
 // Exit 0: the scenario's checks passed; 1: a check failed (printed as
 // "FAIL ..."); 2: usage.
@@ -43,6 +44,8 @@ struct Args {
   std::string release;          // stop: the survivors wait for this file before they leave
   int timeout_ms = 3000;        // unreachable, never_join: create()'s timeout
   bool external_store = false;  // the store is hosted outside the ranks
+  bool rejoin = false;          // replace: this process replaces --rank
+  bool expect_missing = false;  // replace: no replacement comes; wait --timeout-ms for it
 };
 
 int failures = 0;
@@ -306,8 +309,94 @@ int stale_rank_is_fenced(const Communicator& comm) {
   return failures == 0 ? 0 : 1;
 }
 
+// The new generation works until the test releases it: each round's sum
+// carries, in its last element, how many ranks saw the release file (none
+// given: one round), so that the ranks leave together.
+void rounds_until_released(Communicator& c, const std::string& release) {
+  const auto deadline = std::chrono::steady_clock::now() + Millis(60000);
+  int rounds = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    at::Tensor t = at::full({65}, static_cast<double>(c.rank() + 1));
+    t[64] = release.empty() || std::filesystem::exists(release) ? 1.0 : 0.0;
+    if (!ok(c.all_reduce(t), "all_reduce in the new generation")) break;
+    expect_equal(t.slice(0, 0, 64), at::full({64}, c.size() * (c.size() + 1) / 2.0),
+                 "all_reduce in the new generation");
+    ++rounds;
+    if (t[64].item<double>() > 0) break;
+    std::this_thread::sleep_for(Millis(20));
+  }
+  std::cout << "NEW GENERATION ROUNDS " << rounds << std::endl;
+  ok(c.barrier(), "final barrier of the new generation");
+}
+
+// A rank of generation `g` of a world that grew back to its full size:
+// same size, same rank, `op` and sums exact.
+void check_full_world(Communicator& c, const Args& a, int rank, const std::string& how) {
+  std::cout << how << " generation " << c.generation() << " rank " << c.rank() << "/" << c.size()
+            << "\nGREW " << now_ms() << std::endl;
+  if (c.size() != a.world || c.rank() != rank) {
+    fail(how + ": rank " + std::to_string(c.rank()) + "/" + std::to_string(c.size()) +
+         ", expected " + std::to_string(rank) + "/" + std::to_string(a.world));
+    return;
+  }
+  ok(one_op(c, a.op), a.op + " in the grown-back world");
+  rounds_until_released(c, a.release);
+}
+
+// issue 18 item 1: the victim dies (or stops) and a replacement process
+// takes its seat; the survivors wait for it and the world grows back.
+int replace(const Args& a) {
+  auto o = options(a);
+  if (a.rejoin) {
+    o.rejoin = true;
+    auto made = Communicator::create(o);
+    if (!ok(made, "rejoin")) return 1;
+    check_full_world(made.value(), a, a.rank, "REJOINED");
+    return failures == 0 ? 0 : 1;
+  }
+  auto made = Communicator::create(o);
+  if (!ok(made, "create")) return 1;
+  Communicator comm = made.value();
+  std::cout << "READY " << now_ms() << std::endl;
+  keel::result<void> r = keel::success();
+  while ((r = one_op(comm, a.op))) {
+  }
+  std::cout << "DETECTED " << now_ms() << " " << r.error().to_string() << std::endl;
+  if (a.rank == a.victim) return stale_rank_is_fenced(comm);
+  if (r.error().code() != Errc::peer_lost ||
+      r.error().message().find("rank " + std::to_string(a.victim)) == std::string::npos) {
+    fail("expected peer_lost naming rank " + std::to_string(a.victim) + ", got " +
+         r.error().to_string());
+  }
+  keel::comm::ReformOptions grow;
+  grow.wait_for_replacements = true;
+  grow.timeout = Millis(a.timeout_ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto full = comm.reform(grow);
+  const auto took = std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - t0);
+  if (!a.expect_missing) {
+    if (ok(full, "reform waiting for the replacement")) {
+      check_full_world(full.value(), a, a.rank, "REFORMED");
+    }
+    return failures == 0 ? 0 : 1;
+  }
+  std::cout << "MISSING " << took.count() << " " << (full ? "none" : full.error().to_string())
+            << std::endl;
+  if (full || full.error().code() != Errc::timeout ||
+      full.error().message().find("rank " + std::to_string(a.victim)) == std::string::npos) {
+    fail("expected timeout naming rank " + std::to_string(a.victim) + ", got " +
+         (full ? std::string("a world") : full.error().to_string()));
+  }
+  if (took > Millis(a.timeout_ms + 1000)) {
+    fail("reform took " + std::to_string(took.count()) + " ms, beyond its timeout");
+  }
+  reform_and_check(comm, a.world - 1, a.op);
+  return failures == 0 ? 0 : 1;
+}
+
 int run(const Args& a) {
   std::cout << "START " << now_ms() << std::endl;
+  if (a.scenario == "replace") return replace(a);
   if (a.scenario == "unreachable") {
     // Nobody hosts the store at the port (this process is rank 1 of 2,
     // whatever --rank says): create() must give up within its timeout plus
@@ -398,22 +487,7 @@ int run(const Args& a) {
       Communicator& c = next.value();
       std::cout << "REFORMED generation " << c.generation() << " rank " << c.rank() << "/"
                 << c.size() << std::endl;
-      // The ranks leave together: each round's sum carries, in its last
-      // element, how many of them saw the release file.
-      const auto deadline = std::chrono::steady_clock::now() + Millis(60000);
-      int rounds = 0;
-      while (std::chrono::steady_clock::now() < deadline) {
-        at::Tensor t = at::full({65}, static_cast<double>(c.rank() + 1));
-        t[64] = std::filesystem::exists(a.release) ? 1.0 : 0.0;
-        if (!ok(c.all_reduce(t), "all_reduce in the new generation")) break;
-        expect_equal(t.slice(0, 0, 64), at::full({64}, c.size() * (c.size() + 1) / 2.0),
-                     "all_reduce in the new generation");
-        ++rounds;
-        if (t[64].item<double>() > 0) break;
-        std::this_thread::sleep_for(Millis(20));
-      }
-      std::cout << "NEW GENERATION ROUNDS " << rounds << std::endl;
-      ok(c.barrier(), "final barrier of the new generation");
+      rounds_until_released(c, a.release);
       return failures == 0 ? 0 : 1;
     }
     reform_and_check(comm, a.world - 1, a.op);
@@ -552,6 +626,10 @@ int main(int argc, char** argv) {
       a.timeout_ms = std::atoi(v.c_str());
     else if (k == "--external-store")
       a.external_store = v == "1";
+    else if (k == "--rejoin")
+      a.rejoin = v == "1";
+    else if (k == "--expect-missing")
+      a.expect_missing = v == "1";
     else {
       std::cerr << "unknown argument " << k << "\n";
       return 2;

@@ -43,31 +43,46 @@ class World {
   World(const std::string& worker, const std::string& scenario, int world,
         std::vector<std::string> extra, int launch = -1)
       : dir_(std::filesystem::temp_directory_path() /
-             ("keel-comm-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++))) {
+             ("keel-comm-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++))),
+        worker_(worker),
+        scenario_(scenario),
+        world_(world),
+        port_(free_port()),
+        extra_(std::move(extra)) {
     std::filesystem::create_directories(dir_);
-    const std::string port = std::to_string(free_port());
     if (launch < 0) launch = world;
-    for (int r = 0; r < launch; ++r) {
-      Rank rank;
-      rank.log = (dir_ / ("rank" + std::to_string(r) + ".log")).string();
-      std::vector<std::string> args{
-          worker,   scenario, "--rank", std::to_string(r), "--world", std::to_string(world),
-          "--port", port};
-      args.insert(args.end(), extra.begin(), extra.end());
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      posix_spawn_file_actions_t actions;
-      posix_spawn_file_actions_init(&actions);
-      posix_spawn_file_actions_addopen(&actions, 1, rank.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                       0644);
-      posix_spawn_file_actions_adddup2(&actions, 1, 2);
-      if (posix_spawn(&rank.pid, argv[0], &actions, nullptr, argv.data(), environ) != 0) {
-        rank.pid = -1;
-      }
-      posix_spawn_file_actions_destroy(&actions);
-      ranks_.push_back(rank);
+    for (int r = 0; r < launch; ++r) add(r);
+  }
+
+  // Spawns one more process as `rank` (a replacement, say), with `more`
+  // arguments after the world's; returns its index for log(), status() and
+  // the waits.
+  int add(int rank, const std::vector<std::string>& more = {}) {
+    Rank spawned;
+    const int index = static_cast<int>(ranks_.size());
+    spawned.log =
+        (dir_ / ("process" + std::to_string(index) + "-rank" + std::to_string(rank) + ".log"))
+            .string();
+    std::vector<std::string> args{worker_,   scenario_,
+                                  "--rank",  std::to_string(rank),
+                                  "--world", std::to_string(world_),
+                                  "--port",  std::to_string(port_)};
+    args.insert(args.end(), extra_.begin(), extra_.end());
+    args.insert(args.end(), more.begin(), more.end());
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, spawned.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    if (posix_spawn(&spawned.pid, argv[0], &actions, nullptr, argv.data(), environ) != 0) {
+      spawned.pid = -1;
     }
+    posix_spawn_file_actions_destroy(&actions);
+    ranks_.push_back(spawned);
+    return index;
   }
 
   ~World() {
@@ -156,7 +171,7 @@ class World {
       // How it ended: an exit code, or 128 + the signal that killed it.
       const std::string ended =
           ranks_[r].done ? " (status " + std::to_string(ranks_[r].status) + ")" : "";
-      s += "--- rank " + std::to_string(r) + ended + "\n" + log(r);
+      s += "--- process " + std::to_string(r) + ended + "\n" + log(r);
     }
     return s;
   }
@@ -172,6 +187,11 @@ class World {
  private:
   static inline int counter_ = 0;
   std::filesystem::path dir_;
+  std::string worker_;
+  std::string scenario_;
+  int world_;
+  int port_;
+  std::vector<std::string> extra_;
   std::vector<Rank> ranks_;
 };
 

@@ -213,6 +213,39 @@ TEST(CommSingleRank, CollectivesOfOneRankAreIdentitiesAndBadArgumentsAreNamed) {
   expect_error(comm.all_reduce(t).error(), Errc::aborted, "abort() was called");
 }
 
+// Rejoining needs a store that outlived the rank it replaces, and a world
+// that re-forms with the replacement in time; a grown-back reform of a
+// world whose every rank is alive keeps its size and numbering.
+TEST(CommRejoin, BadRejoinsAreNamedAndAFullWorldReformsWhole) {
+  CommOptions host = single();
+  host.rendezvous = "tcp://127.0.0.1:29999";
+  host.rejoin = true;
+  auto rank0 = Communicator::create(host);
+  ASSERT_FALSE(rank0);
+  expect_error(rank0.error(), Errc::invalid_argument, "rank 0 hosted the store");
+
+  CommOptions lonely = single();
+  lonely.rejoin = true;
+  lonely.timeout = std::chrono::milliseconds(300);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto nobody = Communicator::create(lonely);
+  ASSERT_FALSE(nobody);
+  expect_error(nobody.error(), Errc::timeout, "could not rejoin 'world'");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1300));
+
+  auto made = Communicator::create(single());
+  ASSERT_TRUE(made) << made.error().to_string();
+  keel::comm::ReformOptions grow;
+  grow.wait_for_replacements = true;
+  auto again = made.value().reform(grow);
+  ASSERT_TRUE(again) << again.error().to_string();
+  EXPECT_EQ(again.value().generation(), 1);
+  EXPECT_EQ(again.value().size(), 1);
+  at::Tensor t = at::full({3}, 2.0);
+  ASSERT_TRUE(again.value().all_reduce(t));
+  EXPECT_TRUE(at::equal(t, at::full({3}, 2.0)));
+}
+
 // Exits 0 when, after a Communicator was created, a writev to a socket
 // whose peer is gone fails with EPIPE (what gloo does to a dead peer); if
 // SIGPIPE still had its default action the process dies of it instead.

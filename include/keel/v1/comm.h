@@ -156,6 +156,18 @@ struct CommOptions {
   /// `TORCHELASTIC_RESTART_COUNT`, else 0. A restarted world uses a new
   /// generation, so that it never reads the keys of the one before.
   std::optional<int> generation;
+  /// This process replaces a rank of a running world: a restart of a rank
+  /// that died, started by torchrun's agent, Slurm or a supervisor with the
+  /// same `rendezvous`, `name`, `rank` and restart count as the process it
+  /// replaces. `create()` finds the world's newest generation in the store,
+  /// takes `rank`'s seat in the next one and waits (within `timeout`) until
+  /// the survivors form it with `ReformOptions::wait_for_replacements`; if
+  /// they form it without this rank, it waits for the one after. Fails with
+  /// `timeout` when no generation takes it in time, and `invalid_argument`
+  /// when another process holds the seat (the rank is still alive, or two
+  /// replacements were started) or when the store lived in the rank being
+  /// replaced (rank 0 with the in-rank store: nothing survived to rejoin).
+  bool rejoin = false;
   /// Which adapter (compat or native) serves the collectives.
   DispatchOptions dispatch;
 };
@@ -168,8 +180,17 @@ struct CallOptions {
 
 /// Options of `Communicator::reform()`.
 struct ReformOptions {
-  /// How long to wait for the survivors to join; unset: the group's timeout.
+  /// How long to wait for the survivors (and replacements) to join; unset:
+  /// the group's timeout.
   std::optional<std::chrono::milliseconds> timeout;
+  /// Grow back instead of shrinking: wait until every seat of this group
+  /// is taken, by its survivor or by a replacement process (made with
+  /// `CommOptions::rejoin` and the lost rank's number), so that the new
+  /// group has this group's size and rank numbering. When a seat is still
+  /// empty at the timeout, `reform` fails with `timeout` naming the ranks
+  /// that did not come back and forms nothing; the survivors may then call
+  /// `reform()` without this option to continue as the smaller world.
+  bool wait_for_replacements = false;
 };
 
 /// An asynchronous operation in flight.
@@ -300,13 +321,26 @@ class KEEL_API Communicator {
   /// old ranks. Called by every survivor, on the world (not on a split).
   /// Fails with `timeout` when the survivors do not agree in time.
   ///
+  /// With `ReformOptions::wait_for_replacements` the new group keeps this
+  /// group's size and numbering, replacements taking the lost ranks' seats.
+  ///
   /// Generations fence each other: a rank left out of the new generation
   /// (it was stopped, or cut off, for longer than the peer timeout while
   /// the others re-formed) finds, when it resumes, that its pending and
   /// later operations fail with `peer_lost` ("rank r went on to generation
   /// g without this rank") at its next heartbeat sample, and its own
   /// `reform()` fails with `timeout` ("left out of generation g"): it can
-  /// never take a seat in, or send into, the newer group.
+  /// never take a seat in, or send into, the newer group. The same holds
+  /// when a replacement took its seat: each seat belongs to one process.
+  ///
+  /// @code
+  ///   // A supervisor restarts the dead rank with CommOptions::rejoin = true.
+  ///   keel::comm::ReformOptions grow;
+  ///   grow.wait_for_replacements = true;
+  ///   grow.timeout = std::chrono::seconds(60);
+  ///   auto full = comm.reform(grow);
+  ///   if (!full && full.error().code() == keel::Errc::timeout) full = comm.reform();
+  /// @endcode
   result<Communicator> reform(const ReformOptions& options = {}) const;
 
   /// Aborts the group: pending and later operations return
