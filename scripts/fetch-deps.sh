@@ -23,7 +23,7 @@ elif [ "${releases[*]}" = all ]; then
 fi
 
 debian_packages=(
-  build-essential cmake ninja-build ccache unzip
+  build-essential cmake ninja-build ccache unzip iproute2 nftables
   libabsl-dev libboost-dev libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev doxygen abigail-tools clang libclang-rt-14-dev llvm
 )

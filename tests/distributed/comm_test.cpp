@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "loopback.h"
+#include "netlab.h"
 #include "world.h"
 
 #include <fcntl.h>
@@ -19,6 +20,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -36,8 +38,10 @@ using keel::testing::Millis;
 
 // A world of keel_comm_worker ranks.
 struct World : keel::testing::World {
-  World(const std::string& scenario, int world, std::vector<std::string> extra, int launch = -1)
-      : keel::testing::World(KEEL_COMM_WORKER, scenario, world, std::move(extra), launch) {}
+  World(const std::string& scenario, int world, std::vector<std::string> extra, int launch = -1,
+        Launcher launcher = {})
+      : keel::testing::World(KEEL_COMM_WORKER, scenario, world, std::move(extra), launch,
+                             std::move(launcher)) {}
 };
 
 std::vector<std::string> backends() {
@@ -225,12 +229,15 @@ TEST(CommDistributed, StoppedRankIsNamedThenFencedWhenItResumes) {
 // (SIGTERM, then SIGKILL) when it goes out of scope.
 class StoreProcess {
  public:
-  StoreProcess() : port_(keel::testing::free_port()) {
+  // `launcher` prefixes the command (e.g. `ip netns exec NS`).
+  explicit StoreProcess(std::vector<std::string> launcher = {})
+      : port_(keel::testing::free_port()) {
     log_ = (std::filesystem::temp_directory_path() /
             ("keel-store-" + std::to_string(::getpid()) + ".log"))
                .string();
-    std::vector<std::string> args{KEEL_STORE_EXE, "--port", std::to_string(port_), "--lifetime-s",
-                                  "300"};
+    std::vector<std::string> args = std::move(launcher);
+    args.insert(args.end(),
+                {KEEL_STORE_EXE, "--port", std::to_string(port_), "--lifetime-s", "300"});
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -238,7 +245,7 @@ class StoreProcess {
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_addopen(&actions, 1, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_adddup2(&actions, 1, 2);
-    if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid_ = -1;
+    if (posix_spawnp(&pid_, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid_ = -1;
     posix_spawn_file_actions_destroy(&actions);
   }
   ~StoreProcess() {
@@ -419,6 +426,118 @@ TEST(CommDistributed, StoppedRanksReplacementTakesItsSeatAndTheResumedProcessIsF
       EXPECT_EQ(w.status(p), 0) << backend << ": process " << p << "\n" << w.all_logs();
     }
     EXPECT_GT(w.number_after(0, "NEW GENERATION ROUNDS"), 0) << w.all_logs();
+  }
+}
+
+// --- the network fails (issue 18 item 4) ---------------------------------
+// Ranks in network namespaces of their own, joined by veth pairs to a hub
+// where keel-store listens (tests/distributed/netlab.h). Every test bounds
+// its waits, and the lab (namespaces, rules) is deleted with it.
+
+// A world of `n` ranks in `lab`, the store in the hub.
+struct NetWorld {
+  NetWorld(keel::testing::NetLab& lab, const std::string& scenario, int n,
+           std::vector<std::string> extra)
+      : store(lab.hub_launcher()) {
+    if (!store.serving(Millis(20000))) return;
+    extra.insert(extra.end(), {"--host", keel::testing::NetLab::store_address(), "--port",
+                               std::to_string(store.port()), "--external-store", "1"});
+    world.emplace(scenario, n, extra, -1, [&lab](int r) { return lab.launcher(r); });
+  }
+  StoreProcess store;
+  std::optional<World> world;
+};
+
+#define KEEL_NEED_NETLAB()                                              \
+  do {                                                                  \
+    const std::string why = keel::testing::NetLab::unavailable();       \
+    if (!why.empty()) GTEST_SKIP() << "no network namespaces: " << why; \
+  } while (false)
+
+// Collectives over every op stay exact when the links are slow and their
+// queues delay packets by a varying amount: only the time changes.
+TEST(CommNetwork, SlowQueueingLinksKeepEveryCollectiveExact) {
+  KEEL_NEED_NETLAB();
+  std::vector<std::int64_t> took;
+  for (const bool slow : {false, true}) {
+    keel::testing::NetLab lab(3);
+    ASSERT_TRUE(lab.ok());
+    if (slow) {
+      ASSERT_TRUE(lab.slow_links(/*mbit=*/40, /*latency_ms=*/50));
+    }
+    NetWorld net(lab, "net_ops", 3, {});
+    ASSERT_TRUE(net.world) << "keel-store did not start in the hub namespace";
+    World& w = *net.world;
+    ASSERT_TRUE(w.wait(Millis(120000))) << "hang\n" << w.all_logs();
+    expect_all_passed(w, slow ? "slow links" : "plain links");
+    EXPECT_EQ(w.number_after(0, "OPS"), 14) << w.all_logs();
+    const std::string log = w.log(0);
+    const auto at = log.find(" in ");
+    took.push_back(at == std::string::npos ? -1 : std::stoll(log.substr(at + 4)));
+  }
+  std::printf("14 collectives on 3 ranks: %lld ms on plain veth links, %lld ms at 40 Mbit/s\n",
+              static_cast<long long>(took[0]), static_cast<long long>(took[1]));
+}
+
+// Packet loss: every collective gives the exact result or a bounded error
+// (timeout, peer_lost), never a wrong number and never a hang.
+TEST(CommNetwork, PacketLossGivesExactResultsOrABoundedError) {
+  KEEL_NEED_NETLAB();
+  keel::testing::NetLab lab(3);
+  ASSERT_TRUE(lab.ok());
+  ASSERT_TRUE(lab.lossy(/*percent=*/3));
+  NetWorld net(lab, "net_ops", 3, {"--op-timeout-ms", "15000", "--tolerate-errors", "1"});
+  ASSERT_TRUE(net.world) << "keel-store did not start in the hub namespace";
+  World& w = *net.world;
+  ASSERT_TRUE(w.wait(Millis(120000))) << "hang\n" << w.all_logs();
+  expect_all_passed(w, "3% loss");
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(w.log(r).find("result differs"), std::string::npos) << w.all_logs();
+  }
+  std::printf("3%% packet loss each way: rank 0 %s\n", w.log(0).find("OPS") != std::string::npos
+                                                           ? "completed all 14 collectives"
+                                                           : "ended with a bounded error");
+}
+
+// A partition cuts one rank off: the others name it within the heartbeat
+// bound; when the network heals, the cut-off process takes its seat back
+// and the world re-forms at full size, exact.
+TEST(CommNetwork, PartitionedRankIsNamedWithinTheBoundAndTheHealedWorldReforms) {
+  KEEL_NEED_NETLAB();
+  for (const std::string& backend : backends()) {
+    keel::testing::NetLab lab(3);
+    ASSERT_TRUE(lab.ok());
+    NetWorld net(lab, "partition", 3,
+                 {"--victim", "2", "--backend", backend, "--op-timeout-ms", "6000", "--timeout-ms",
+                  "30000"});
+    ASSERT_TRUE(net.world) << "keel-store did not start in the hub namespace";
+    World& w = *net.world;
+    ASSERT_TRUE(w.ready(Millis(60000))) << w.all_logs();
+    std::this_thread::sleep_for(Millis(200));
+    const std::int64_t cut = now_ms();
+    ASSERT_TRUE(lab.partition(2));
+    for (int r : {0, 1}) {
+      ASSERT_TRUE(w.wait_for_line(r, "DETECTED", Millis(20000))) << backend << "\n" << w.all_logs();
+      EXPECT_NE(w.log(r).find("rank 2"), std::string::npos) << w.all_logs();
+      const std::int64_t named = w.number_after(r, "DETECTED") - cut;
+      EXPECT_LT(named, 5000) << backend << ": rank " << r << "\n" << w.all_logs();
+      std::printf("%s: partitioned rank named by rank %d after %lld ms\n", backend.c_str(), r,
+                  static_cast<long long>(named));
+    }
+    const std::int64_t healed = now_ms();
+    ASSERT_TRUE(lab.heal(2));
+    ASSERT_TRUE(w.wait(Millis(60000))) << backend << ": hang\n" << w.all_logs();
+    expect_all_passed(w, "partition (" + backend + ")");
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_NE(w.log(r).find("REFORMED generation 1 rank " + std::to_string(r) + "/3"),
+                std::string::npos)
+          << backend << "\n"
+          << w.all_logs();
+    }
+    std::printf(
+        "%s: healed, world of 3 again after %lld ms (the cut-off process came back %s)\n",
+        backend.c_str(), static_cast<long long>(w.number_after(2, "GREW") - healed),
+        w.log(2).find("rejoining") == std::string::npos ? "by reform" : "as its own replacement");
   }
 }
 

@@ -5,7 +5,8 @@
 //   keel_comm_worker SCENARIO --rank R --world N --port P [--victim V]
 //                    [--backend compat|native] [--op OP] [--release FILE]
 //                    [--timeout-ms T] [--external-store 1] [--rejoin 1]
-//                    [--expect-missing 1]
+//                    [--expect-missing 1] [--host H] [--op-timeout-ms T]
+//                    [--tolerate-errors 1]
 //
 // Exit 0: the scenario's checks passed; 1: a check failed (printed as
 // "FAIL ..."); 2: usage.
@@ -41,11 +42,14 @@ struct Args {
   int victim = 1;
   std::string backend = "auto";
   std::string op = "all_reduce";
-  std::string release;          // stop: the survivors wait for this file before they leave
-  int timeout_ms = 3000;        // unreachable, never_join: create()'s timeout
-  bool external_store = false;  // the store is hosted outside the ranks
-  bool rejoin = false;          // replace: this process replaces --rank
-  bool expect_missing = false;  // replace: no replacement comes; wait --timeout-ms for it
+  std::string release;             // stop: the survivors wait for this file before they leave
+  int timeout_ms = 3000;           // unreachable, never_join: create()'s timeout
+  bool external_store = false;     // the store is hosted outside the ranks
+  bool rejoin = false;             // replace: this process replaces --rank
+  bool expect_missing = false;     // replace: no replacement comes; wait --timeout-ms for it
+  std::string host = "127.0.0.1";  // where the store is
+  int op_timeout_ms = 20000;       // CommOptions::timeout
+  bool tolerate_errors = false;    // net_ops: an error ends the run; only wrong numbers fail
 };
 
 int failures = 0;
@@ -71,11 +75,11 @@ bool ok(const R& r, const std::string& what) {
 
 keel::comm::CommOptions options(const Args& a) {
   keel::comm::CommOptions o;
-  o.rendezvous =
-      "tcp://127.0.0.1:" + std::to_string(a.port) + (a.external_store ? "?store=external" : "");
+  o.rendezvous = "tcp://" + a.host + ":" + std::to_string(a.port) +
+                 (a.external_store ? "?store=external" : "");
   o.rank = a.rank;
   o.world_size = a.world;
-  o.timeout = Millis(20000);
+  o.timeout = Millis(a.op_timeout_ms);
   o.heartbeat_interval = Millis(100);
   o.peer_timeout = Millis(1000);
   if (a.backend == "compat") o.dispatch.backend = keel::Backend::compat;
@@ -362,15 +366,28 @@ int replace(const Args& a) {
   while ((r = one_op(comm, a.op))) {
   }
   std::cout << "DETECTED " << now_ms() << " " << r.error().to_string() << std::endl;
+  keel::comm::ReformOptions grow;
+  grow.wait_for_replacements = true;
+  grow.timeout = Millis(a.timeout_ms);
+  if (a.rank == a.victim && a.scenario == "partition") {
+    // Cut off, then joined again: this process takes its own seat back, by
+    // reform, or (if its store connection did not survive the cut) as its
+    // own replacement.
+    auto back = comm.reform(grow);
+    if (!back) {
+      std::cout << "REFORM " << back.error().to_string() << "; rejoining" << std::endl;
+      o.rejoin = true;
+      back = Communicator::create(o);
+    }
+    if (ok(back, "back after the partition")) check_full_world(back.value(), a, a.rank, "REFORMED");
+    return failures == 0 ? 0 : 1;
+  }
   if (a.rank == a.victim) return stale_rank_is_fenced(comm);
   if (r.error().code() != Errc::peer_lost ||
       r.error().message().find("rank " + std::to_string(a.victim)) == std::string::npos) {
     fail("expected peer_lost naming rank " + std::to_string(a.victim) + ", got " +
          r.error().to_string());
   }
-  keel::comm::ReformOptions grow;
-  grow.wait_for_replacements = true;
-  grow.timeout = Millis(a.timeout_ms);
   const auto t0 = std::chrono::steady_clock::now();
   auto full = comm.reform(grow);
   const auto took = std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - t0);
@@ -394,9 +411,38 @@ int replace(const Args& a) {
   return failures == 0 ? 0 : 1;
 }
 
+// Every collective twice, each checked exactly, over a network the test
+// degrades: an error (tolerated under packet loss) ends the run; a wrong
+// number is always a failure.
+int net_ops(const Args& a) {
+  auto made = Communicator::create(options(a));
+  if (!ok(made, "create")) return 1;
+  Communicator comm = made.value();
+  std::cout << "READY " << now_ms() << std::endl;
+  const auto t0 = std::chrono::steady_clock::now();
+  int done = 0;
+  for (int round = 0; round < 2; ++round) {
+    for (const char* op : {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all",
+                           "send_recv", "barrier"}) {
+      auto r = one_op(comm, op);
+      if (!r) {
+        std::cout << "ERROR " << op << " " << r.error().to_string() << std::endl;
+        if (!a.tolerate_errors) fail(std::string(op) + ": " + r.error().to_string());
+        return failures == 0 ? 0 : 1;
+      }
+      ++done;
+    }
+  }
+  ok(comm.barrier(), "final barrier");
+  const auto took = std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - t0);
+  std::cout << "OPS " << done << " in " << took.count() << " ms" << std::endl;
+  return failures == 0 ? 0 : 1;
+}
+
 int run(const Args& a) {
   std::cout << "START " << now_ms() << std::endl;
-  if (a.scenario == "replace") return replace(a);
+  if (a.scenario == "replace" || a.scenario == "partition") return replace(a);
+  if (a.scenario == "net_ops") return net_ops(a);
   if (a.scenario == "unreachable") {
     // Nobody hosts the store at the port (this process is rank 1 of 2,
     // whatever --rank says): create() must give up within its timeout plus
@@ -630,6 +676,12 @@ int main(int argc, char** argv) {
       a.rejoin = v == "1";
     else if (k == "--expect-missing")
       a.expect_missing = v == "1";
+    else if (k == "--host")
+      a.host = v;
+    else if (k == "--op-timeout-ms")
+      a.op_timeout_ms = std::atoi(v.c_str());
+    else if (k == "--tolerate-errors")
+      a.tolerate_errors = v == "1";
     else {
       std::cerr << "unknown argument " << k << "\n";
       return 2;

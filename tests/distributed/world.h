@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -39,16 +40,21 @@ struct Rank {
 
 class World {
  public:
+  // What a rank's command starts with (e.g. `ip netns exec NS`), per rank;
+  // the command itself execs the worker, so that the pid is the worker's.
+  using Launcher = std::function<std::vector<std::string>(int rank)>;
+
   // Spawns ranks [0, launch) of a world of `world` ranks.
   World(const std::string& worker, const std::string& scenario, int world,
-        std::vector<std::string> extra, int launch = -1)
+        std::vector<std::string> extra, int launch = -1, Launcher launcher = {})
       : dir_(std::filesystem::temp_directory_path() /
              ("keel-comm-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++))),
         worker_(worker),
         scenario_(scenario),
         world_(world),
         port_(free_port()),
-        extra_(std::move(extra)) {
+        extra_(std::move(extra)),
+        launcher_(std::move(launcher)) {
     std::filesystem::create_directories(dir_);
     if (launch < 0) launch = world;
     for (int r = 0; r < launch; ++r) add(r);
@@ -63,10 +69,10 @@ class World {
     spawned.log =
         (dir_ / ("process" + std::to_string(index) + "-rank" + std::to_string(rank) + ".log"))
             .string();
-    std::vector<std::string> args{worker_,   scenario_,
-                                  "--rank",  std::to_string(rank),
-                                  "--world", std::to_string(world_),
-                                  "--port",  std::to_string(port_)};
+    std::vector<std::string> args;
+    if (launcher_) args = launcher_(rank);
+    args.insert(args.end(), {worker_, scenario_, "--rank", std::to_string(rank), "--world",
+                             std::to_string(world_), "--port", std::to_string(port_)});
     args.insert(args.end(), extra_.begin(), extra_.end());
     args.insert(args.end(), more.begin(), more.end());
     std::vector<char*> argv;
@@ -77,7 +83,7 @@ class World {
     posix_spawn_file_actions_addopen(&actions, 1, spawned.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
                                      0644);
     posix_spawn_file_actions_adddup2(&actions, 1, 2);
-    if (posix_spawn(&spawned.pid, argv[0], &actions, nullptr, argv.data(), environ) != 0) {
+    if (posix_spawnp(&spawned.pid, argv[0], &actions, nullptr, argv.data(), environ) != 0) {
       spawned.pid = -1;
     }
     posix_spawn_file_actions_destroy(&actions);
@@ -192,6 +198,7 @@ class World {
   int world_;
   int port_;
   std::vector<std::string> extra_;
+  Launcher launcher_;
   std::vector<Rank> ranks_;
 };
 
