@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -128,53 +129,6 @@ TEST(CommDistributed, KillDuringEachCollectiveThenReform) {
     std::printf("kill during %s: detected after %s ms\n", op.c_str(),
                 o.detection_ms.empty() ? "-" : std::to_string(o.detection_ms.front()).c_str());
   }
-}
-
-// The soak: rounds of one fault each, at random: world size 2-4, victim
-// (any rank but 0, which hosts the store: losing it is reported as
-// peer_lost naming rank 0, but the survivors cannot re-form on it), the
-// collective, the adapter and the moment. KEEL_SOAK_ROUNDS overrides the
-// count (50) and KEEL_SOAK_SEED the seed (printed, so a failure replays).
-TEST(CommDistributed, SoakRandomKillsNoHangNoWrongResult) {
-  const char* rounds_env = std::getenv("KEEL_SOAK_ROUNDS");
-  const char* seed_env = std::getenv("KEEL_SOAK_SEED");
-  const int rounds = rounds_env != nullptr ? std::atoi(rounds_env) : 50;
-  const auto seed = seed_env != nullptr ? static_cast<unsigned>(std::strtoul(seed_env, nullptr, 10))
-                                        : std::random_device{}();
-  std::printf("soak: %d rounds, seed %u (KEEL_SOAK_SEED=%u replays it)\n", rounds, seed, seed);
-  std::mt19937 rng(seed);
-  std::vector<std::int64_t> times;
-  int hangs = 0;
-  int wrong = 0;
-  int other = 0;
-  for (int i = 0; i < rounds; ++i) {
-    const int n = std::uniform_int_distribution<int>(2, 4)(rng);
-    const int victim = std::uniform_int_distribution<int>(1, n - 1)(rng);
-    const std::string& op =
-        kOps[std::uniform_int_distribution<std::size_t>(0, kOps.size() - 1)(rng)];
-    const std::vector<std::string> adapters = backends();
-    const std::string& backend =
-        adapters[std::uniform_int_distribution<std::size_t>(0, adapters.size() - 1)(rng)];
-    const KillOutcome o = kill_and_reform(op, n, victim, backend, rng);
-    hangs += o.hang ? 1 : 0;
-    wrong += o.wrong_result ? 1 : 0;
-    other += o.other_failure ? 1 : 0;
-    times.insert(times.end(), o.detection_ms.begin(), o.detection_ms.end());
-    const bool bad = o.hang || o.wrong_result || o.other_failure;
-    std::printf("soak round %d: %s on %d ranks (%s), rank %d killed: %s\n", i, op.c_str(), n,
-                backend.c_str(), victim,
-                o.hang ? "HANG"
-                : bad  ? "FAILED"
-                       : "ok");
-    EXPECT_FALSE(bad) << "round " << i << " (seed " << seed << ")\n" << o.logs;
-  }
-  std::printf(
-      "soak: %d rounds, hangs %d, wrong results %d, other failures %d, %zu detections, "
-      "p50 %lld ms, p99 %lld ms\n",
-      rounds, hangs, wrong, other, times.size(), static_cast<long long>(percentile(times, 0.5)),
-      static_cast<long long>(percentile(times, 0.99)));
-  EXPECT_EQ(hangs, 0);
-  EXPECT_EQ(wrong, 0);
 }
 
 // A rank that stops (SIGSTOP) inside a collective keeps its sockets open:
@@ -615,3 +569,173 @@ TEST(CommDistributed, SplitIntoEvenAndOddRanks) {
 }
 
 }  // namespace
+
+// --- the soak (issue 18 item 6) -------------------------------------------
+
+// The faults the soak draws from.
+enum class Fault { kill, kill_and_replace, stop_and_replace, partition };
+
+const char* fault_name(Fault f) {
+  switch (f) {
+    case Fault::kill:
+      return "kill";
+    case Fault::kill_and_replace:
+      return "kill+replace";
+    case Fault::stop_and_replace:
+      return "stop+replace";
+    case Fault::partition:
+      return "partition+heal";
+  }
+  return "?";
+}
+
+// One soak round: `victim` suffers `fault` at a random moment of a loop of
+// `op` on `n` ranks. Killed alone, the survivors shrink (the store in rank
+// 0, so the victim is not 0); replaced, stopped or cut off, the world grows
+// back to `n` with keel-store (any victim), the stopped process fenced.
+// Every worker checks its values exactly and prints each wrong one.
+struct FaultOutcome {
+  bool hang = false;
+  bool wrong_result = false;
+  bool other_failure = false;
+  bool rejoined = false;
+  std::vector<std::int64_t> detection_ms;
+  std::string logs;
+};
+
+FaultOutcome fault_round(Fault fault, const std::string& op, int n, int victim,
+                         const std::string& backend, std::mt19937& rng) {
+  if (fault == Fault::kill) {
+    const KillOutcome k = kill_and_reform(op, n, victim, backend, rng);
+    return {k.hang, k.wrong_result, k.other_failure, false, k.detection_ms, k.logs};
+  }
+  FaultOutcome out;
+  std::optional<keel::testing::NetLab> lab;
+  if (fault == Fault::partition) lab.emplace(n);
+  StoreProcess store(lab ? lab->hub_launcher() : std::vector<std::string>{});
+  if ((lab && !lab->ok()) || !store.serving(Millis(20000))) {
+    out.other_failure = true;
+    out.logs = "the network lab or keel-store did not start";
+    return out;
+  }
+  std::vector<std::string> extra{"--op",
+                                 op,
+                                 "--victim",
+                                 std::to_string(victim),
+                                 "--backend",
+                                 backend,
+                                 "--timeout-ms",
+                                 "30000",
+                                 "--op-timeout-ms",
+                                 lab ? "4000" : "20000",
+                                 "--port",
+                                 std::to_string(store.port()),
+                                 "--external-store",
+                                 "1"};
+  if (lab) extra.insert(extra.end(), {"--host", keel::testing::NetLab::store_address()});
+  World::Launcher launcher;
+  if (lab) launcher = [&lab](int r) { return lab->launcher(r); };
+  World w(lab ? "partition" : "replace", n, extra, -1, launcher);
+  if (!w.ready(Millis(60000))) {
+    out.other_failure = true;
+    out.logs = "ranks never became ready\n" + w.all_logs();
+    return out;
+  }
+  std::this_thread::sleep_for(Millis(std::uniform_int_distribution<int>(50, 400)(rng)));
+  const std::int64_t struck = now_ms();
+  if (fault == Fault::kill_and_replace) w.kill(victim);
+  if (fault == Fault::stop_and_replace) w.signal(victim, SIGSTOP);
+  if (fault == Fault::partition && !lab->partition(victim)) out.other_failure = true;
+  const int witness = victim == 0 ? 1 : 0;
+  const bool named = w.wait_for_line(witness, "DETECTED", Millis(30000));
+  int replacement = -1;
+  if (fault == Fault::partition) {
+    if (!lab->heal(victim)) out.other_failure = true;
+  } else if (named) {
+    replacement = w.add(victim, {"--rejoin", "1"});
+  }
+  if (fault == Fault::stop_and_replace) {
+    (void)w.wait_for_line(replacement, "GREW", Millis(30000));
+    w.signal(victim, SIGCONT);
+  }
+  out.hang = !w.wait(Millis(60000));
+  out.logs = w.all_logs();
+  if (out.hang) return out;
+  for (int p = 0; p < w.size(); ++p) {
+    const std::string log = w.log(p);
+    if (log.find("result differs from the expected values") != std::string::npos) {
+      out.wrong_result = true;
+    }
+    if (p == victim && fault == Fault::kill_and_replace) continue;  // killed
+    if (w.status(p) != 0) out.other_failure = true;
+    const bool survivor = p != victim && p != replacement;
+    const std::int64_t detected = w.number_after(p, "DETECTED");
+    if (survivor && detected >= 0)
+      out.detection_ms.push_back(std::max<std::int64_t>(0, detected - struck));
+    if (survivor && detected < 0) out.other_failure = true;
+  }
+  const int back = fault == Fault::partition ? victim : replacement;
+  out.rejoined = back >= 0 && w.log(back).find("GREW") != std::string::npos;
+  if (!out.rejoined) out.other_failure = true;
+  if (out.wrong_result) out.other_failure = false;
+  return out;
+}
+
+// The soak: rounds of one fault each, at random: the fault (a kill that the
+// survivors shrink past, a kill whose replacement rejoins, a stop whose
+// replacement takes the seat while the stopped process is fenced, a
+// partition that heals; partitions only where network namespaces can be
+// made), world size 2-4, victim, collective, adapter and moment.
+// KEEL_SOAK_ROUNDS overrides the count (40) and KEEL_SOAK_SEED the seed
+// (printed, so a failure replays). Figures per fault kind at the end.
+TEST(CommDistributed, SoakRandomFaultsNoHangNoWrongResult) {
+  const char* rounds_env = std::getenv("KEEL_SOAK_ROUNDS");
+  const char* seed_env = std::getenv("KEEL_SOAK_SEED");
+  const int rounds = rounds_env != nullptr ? std::atoi(rounds_env) : 40;
+  const auto seed = seed_env != nullptr ? static_cast<unsigned>(std::strtoul(seed_env, nullptr, 10))
+                                        : std::random_device{}();
+  std::printf("soak: %d rounds, seed %u (KEEL_SOAK_SEED=%u replays it)\n", rounds, seed, seed);
+  std::mt19937 rng(seed);
+  std::vector<Fault> kinds{Fault::kill, Fault::kill_and_replace, Fault::stop_and_replace};
+  if (keel::testing::NetLab::unavailable().empty()) kinds.push_back(Fault::partition);
+  struct Tally {
+    int rounds = 0, hangs = 0, wrong = 0, other = 0, rejoins = 0;
+    std::vector<std::int64_t> times;
+  };
+  std::map<Fault, Tally> tally;
+  for (int i = 0; i < rounds; ++i) {
+    const Fault fault = kinds[std::uniform_int_distribution<std::size_t>(0, kinds.size() - 1)(rng)];
+    const int n = std::uniform_int_distribution<int>(2, 4)(rng);
+    const int victim = std::uniform_int_distribution<int>(fault == Fault::kill ? 1 : 0, n - 1)(rng);
+    const std::string& op =
+        kOps[std::uniform_int_distribution<std::size_t>(0, kOps.size() - 1)(rng)];
+    const std::vector<std::string> adapters = backends();
+    const std::string& backend =
+        adapters[std::uniform_int_distribution<std::size_t>(0, adapters.size() - 1)(rng)];
+    const FaultOutcome o = fault_round(fault, op, n, victim, backend, rng);
+    Tally& t = tally[fault];
+    ++t.rounds;
+    t.hangs += o.hang ? 1 : 0;
+    t.wrong += o.wrong_result ? 1 : 0;
+    t.other += o.other_failure ? 1 : 0;
+    t.rejoins += o.rejoined ? 1 : 0;
+    t.times.insert(t.times.end(), o.detection_ms.begin(), o.detection_ms.end());
+    const bool bad = o.hang || o.wrong_result || o.other_failure;
+    std::printf("soak round %d: %s of rank %d during %s on %d ranks (%s): %s\n", i,
+                fault_name(fault), victim, op.c_str(), n, backend.c_str(),
+                o.hang ? "HANG"
+                : bad  ? "FAILED"
+                       : "ok");
+    EXPECT_FALSE(bad) << "round " << i << " (seed " << seed << ")\n" << o.logs;
+  }
+  for (const auto& [fault, t] : tally) {
+    std::printf(
+        "soak: %-14s %3d rounds, %3zu detections, p50 %lld ms, p99 %lld ms, %d rejoins, "
+        "hangs %d, wrong results %d, other failures %d\n",
+        fault_name(fault), t.rounds, t.times.size(),
+        static_cast<long long>(percentile(t.times, 0.5)),
+        static_cast<long long>(percentile(t.times, 0.99)), t.rejoins, t.hangs, t.wrong, t.other);
+    EXPECT_EQ(t.hangs, 0) << fault_name(fault);
+    EXPECT_EQ(t.wrong, 0) << fault_name(fault);
+  }
+}
