@@ -1,6 +1,6 @@
-// The compare report three ways: JSON for machines, a terminal summary, and
-// a self-contained HTML page whose plots are keel's own inline SVG (no
-// network assets, no plotting tool).
+// The compare and diff reports three ways: JSON for machines, a terminal
+// summary, and a self-contained HTML page whose plots are keel's own inline
+// SVG (no network assets, no plotting tool).
 #include <algorithm>
 #include <cmath>
 #include <sstream>
@@ -9,6 +9,7 @@
 #include <absl/strings/str_format.h>
 #include <absl/strings/str_replace.h>
 
+#include "harness/diff.h"
 #include "harness/upgrade_check.h"
 
 namespace keel::harness {
@@ -186,6 +187,127 @@ std::string to_html(const Report& report) {
         r.max_rel, r.tolerance.atol, r.tolerance.rtol, r.deterministic ? "yes" : "NO",
         r.golden_forward_ms, r.forward_ms, r.golden_backward_ms, r.backward_ms,
         mib(r.golden_peak_bytes), mib(r.peak_bytes), escape(r.reason));
+  }
+  return html + "</table></body></html>\n";
+}
+
+// --- diff ------------------------------------------------------------------
+
+namespace {
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) absl::StrAppend(&s, i ? ", " : "", shape[i]);
+  return s + "]";
+}
+
+std::string tensor_text(const std::string& dtype, const std::vector<std::int64_t>& shape) {
+  return dtype.empty() ? "-" : dtype + " " + shape_text(shape);
+}
+
+std::string worst_text(const WorstElement& w) {
+  return absl::StrFormat("%s: %.9g vs %.9g (|diff| %.3g)", shape_text(w.index), w.a, w.b,
+                         w.abs_diff);
+}
+
+}  // namespace
+
+nlohmann::json to_json(const DiffReport& report) {
+  nlohmann::json tensors = nlohmann::json::array();
+  for (const TensorDiff& d : report.tensors) {
+    nlohmann::json worst = nlohmann::json::array();
+    for (const WorstElement& w : d.values.worst) {
+      worst.push_back({{"index", w.index}, {"a", w.a}, {"b", w.b}, {"abs_diff", w.abs_diff}});
+    }
+    tensors.push_back({{"name", d.name},
+                       {"status", d.status},
+                       {"a", {{"dtype", d.a_dtype}, {"shape", d.a_shape}}},
+                       {"b", {{"dtype", d.b_dtype}, {"shape", d.b_shape}}},
+                       {"atol", d.tolerance.atol},
+                       {"rtol", d.tolerance.rtol},
+                       {"tolerance_from", d.tolerance_from},
+                       {"max_abs", d.values.max_abs},
+                       {"max_rel", d.values.max_rel},
+                       {"mismatched", d.values.mismatched},
+                       {"nonfinite_mismatch", d.values.nonfinite_mismatch},
+                       {"worst", worst}});
+  }
+  return {{"a", report.a},
+          {"b", report.b},
+          {"passed", report.passed},
+          {"failed", report.failed},
+          {"missing", report.missing},
+          {"extra", report.extra},
+          {"mismatched", report.mismatched},
+          {"tensors", tensors}};
+}
+
+std::string summary_text(const DiffReport& report) {
+  std::string s;
+  for (const TensorDiff& d : report.tensors) {
+    if (d.status == "pass") continue;
+    absl::StrAppendFormat(&s, "%-7s %s: A %s, B %s", d.status, d.name,
+                          tensor_text(d.a_dtype, d.a_shape), tensor_text(d.b_dtype, d.b_shape));
+    if (d.status == "fail" || d.status == "dtype") {
+      absl::StrAppendFormat(&s, "; max abs %.3g, max rel %.3g, %d beyond atol %.0e rtol %.0e (%s)",
+                            d.values.max_abs, d.values.max_rel, d.values.mismatched,
+                            d.tolerance.atol, d.tolerance.rtol, d.tolerance_from);
+      if (d.values.nonfinite_mismatch > 0) {
+        absl::StrAppendFormat(&s, ", %d NaN/inf placed differently", d.values.nonfinite_mismatch);
+      }
+      for (const WorstElement& w : d.values.worst)
+        absl::StrAppend(&s, "\n          ", worst_text(w));
+    }
+    s += "\n";
+  }
+  absl::StrAppendFormat(&s,
+                        "keel-compat diff: %d tensors pass, %d fail, %d only in A, %d only in B, "
+                        "%d differ in shape or dtype\n",
+                        report.passed, report.failed, report.missing, report.extra,
+                        report.mismatched);
+  return s;
+}
+
+std::string to_html(const DiffReport& report) {
+  std::vector<std::string> labels;
+  std::vector<double> err;
+  for (const TensorDiff& d : report.tensors) {
+    if (d.status != "pass" && d.status != "fail" && d.status != "dtype") continue;
+    if (!std::isfinite(d.values.max_abs)) continue;  // in the table, not on the scale
+    labels.push_back(d.name);
+    err.push_back(d.values.max_abs);
+  }
+  std::string html = absl::StrCat(
+      "<!doctype html><html><head><meta charset='utf-8'><title>keel-compat diff</title><style>"
+      "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:12px}"
+      "td,th{border:1px solid #ccc;padding:2px 6px}.pass{background:#dfd}"
+      ".fail,.shape,.dtype,.missing,.extra{background:#fdd}</style></head><body>"
+      "<h1>keel-compat diff</h1><p>A: ",
+      escape(report.a), "<br>B: ", escape(report.b), "</p>",
+      absl::StrFormat("<p><b>%d pass, %d fail, %d only in A, %d only in B, %d differ in shape or "
+                      "dtype</b></p>",
+                      report.passed, report.failed, report.missing, report.extra,
+                      report.mismatched));
+  if (!labels.empty()) {
+    html += bars("max abs difference per tensor (log scale)", labels, err, {}, "max abs", "", true);
+  }
+  html +=
+      "<h2>Tensors</h2><table><tr><th>tensor</th><th>status</th><th>A</th><th>B</th><th>max "
+      "abs</th><th>max rel</th><th>beyond</th><th>NaN/inf misplaced</th><th>atol/rtol</th>"
+      "<th>worst elements</th></tr>";
+  for (const TensorDiff& d : report.tensors) {
+    std::string worst;
+    for (const WorstElement& w : d.values.worst)
+      absl::StrAppend(&worst, escape(worst_text(w)), "<br>");
+    absl::StrAppendFormat(&html,
+                          "<tr class='%s'><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%.2e</td>"
+                          "<td>%.2e</td><td>%d</td><td>%d</td><td>%.0e / %.0e (%s)</td><td>%s</td>"
+                          "</tr>",
+                          d.status, escape(d.name), d.status,
+                          escape(tensor_text(d.a_dtype, d.a_shape)),
+                          escape(tensor_text(d.b_dtype, d.b_shape)), d.values.max_abs,
+                          d.values.max_rel, d.values.mismatched, d.values.nonfinite_mismatch,
+                          d.tolerance.atol, d.tolerance.rtol, escape(d.tolerance_from), worst);
   }
   return html + "</table></body></html>\n";
 }

@@ -10,6 +10,7 @@
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 
+#include "harness/diff.h"
 #include "harness/safetensors.h"
 #include "keel/v1/build_info.h"
 
@@ -36,8 +37,8 @@ bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
   return std::memcmp(x.data_ptr(), y.data_ptr(), x.numel() * x.element_size()) == 0;
 }
 
-// |got - want| against atol + rtol * |want|, in float64. NaN matches NaN and
-// an infinity matches the same infinity; any other non-finite mismatch fails.
+// |got - want| against atol + rtol * |want| (check_values, which diff
+// shares); outputs of different shapes fail outright.
 OutputCheck check_output(const std::string& name, const at::Tensor& got, const at::Tensor& want,
                          const Tolerance& tol) {
   OutputCheck check;
@@ -47,19 +48,10 @@ OutputCheck check_output(const std::string& name, const at::Tensor& got, const a
     check.max_abs = check.max_rel = std::numeric_limits<double>::infinity();
     return check;
   }
-  const at::Tensor g = got.to(at::kDouble);
-  const at::Tensor w = want.to(at::kDouble);
-  const at::Tensor same_special = (g.isnan() & w.isnan()) | ((g == w) & w.isinf());
-  const at::Tensor diff = at::where(same_special, at::zeros_like(g), (g - w).abs());
-  const at::Tensor bad_special = (g.isfinite() != w.isfinite()) & same_special.logical_not();
-  const at::Tensor rel = diff / w.abs().clamp_min(std::numeric_limits<double>::min());
-  if (g.numel() > 0) {
-    check.max_abs = bad_special.any().item<bool>() ? std::numeric_limits<double>::infinity()
-                                                   : diff.max().item<double>();
-    check.max_rel = check.max_abs == 0 ? 0 : rel.max().item<double>();
-  }
-  check.pass = !bad_special.any().item<bool>() &&
-               (diff <= tol.atol + tol.rtol * w.abs().nan_to_num(0, 0, 0)).all().item<bool>();
+  const ValueCheck values = check_values(want, got, tol);
+  check.max_abs = values.max_abs;
+  check.max_rel = values.max_rel;
+  check.pass = values.pass;
   return check;
 }
 
