@@ -857,17 +857,6 @@ bool claim_seat(c10d::Store& store, const std::string& prefix, int rank) {
   return std::string(held.begin(), held.end()) == token;
 }
 
-std::vector<int> parse_members(const std::vector<std::uint8_t>& value) {
-  std::vector<int> members;
-  for (absl::string_view p :
-       absl::StrSplit(absl::string_view(reinterpret_cast<const char*>(value.data()), value.size()),
-                      ',', absl::SkipEmpty())) {
-    int r = 0;
-    if (absl::SimpleAtoi(p, &r)) members.push_back(r);
-  }
-  return members;
-}
-
 // A replacement's seat: the generation it joins (the first after the
 // newest formed that takes this rank in) and that generation's members.
 struct Rejoined {
@@ -888,7 +877,8 @@ result<Rejoined> find_seat(const WorldState& w, Clock::time_point deadline) {
         if (Clock::now() >= deadline) return std::nullopt;
         std::this_thread::sleep_for(Millis(20));
       }
-      return Rejoined{newest + 1, parse_members(store.get(prefix + "members"))};
+      return Rejoined{newest + 1,
+                      internal::comm_detail::parse_members(store.get(prefix + "members"))};
     });
     if (!step) return step.error();
     if (!step.value()) {
@@ -944,7 +934,7 @@ result<std::unique_ptr<internal::CommEngine>> make_engine(const WorldState& w,
 // by `deadline`.
 result<std::shared_ptr<GroupState>> make_world(std::shared_ptr<WorldState> w,
                                                Clock::time_point deadline) {
-  w->prefix = absl::StrCat(w->base, "g", w->generation, "/");
+  w->prefix = generation_prefix(*w, w->generation);
   auto live = internal::guarded(kCreate, "rendezvous", [&] {
     c10::intrusive_ptr<c10d::Store> own = w->store;
     try {
@@ -952,8 +942,8 @@ result<std::shared_ptr<GroupState>> make_world(std::shared_ptr<WorldState> w,
     } catch (...) {             // NOLINT(bugprone-empty-catch): FileStore cannot clone; share it
     }
     return std::make_unique<Liveness>(
-        own, w->prefix, absl::StrCat(w->base, "g", w->generation + 1, "/"), w->generation + 1,
-        w->rank, w->size, w->options.heartbeat_interval, w->options.peer_timeout,
+        own, w->prefix, generation_prefix(*w, w->generation + 1), w->generation + 1, w->rank,
+        w->size, w->options.heartbeat_interval, w->options.peer_timeout,
         w->plan.kind == RendezvousPlan::Kind::tcp && !w->plan.external_store);
   });
   if (!live) return live.error();
@@ -1533,7 +1523,7 @@ result<Communicator> Communicator::reform(const ReformOptions& options) const {
     }
     if (store.check({members_key})) {
       // Decided by another survivor: growing back, only a full world will do.
-      out.members = parse_members(store.get(members_key));
+      out.members = internal::comm_detail::parse_members(store.get(members_key));
       out.missing.clear();
       for (int r = 0; options.wait_for_replacements && r < g.size; ++r) {
         if (std::find(out.members.begin(), out.members.end(), r) == out.members.end()) {
@@ -1542,7 +1532,7 @@ result<Communicator> Communicator::reform(const ReformOptions& options) const {
       }
     } else if (!options.wait_for_replacements || out.missing.empty()) {
       const std::string proposal = absl::StrJoin(members, ",");
-      out.members = parse_members(store.compareSet(
+      out.members = internal::comm_detail::parse_members(store.compareSet(
           members_key, {}, std::vector<std::uint8_t>(proposal.begin(), proposal.end())));
       out.missing.clear();
     }

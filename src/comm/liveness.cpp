@@ -21,6 +21,17 @@ std::vector<std::uint8_t> bytes(const std::string& s) {
 
 }  // namespace
 
+std::vector<int> parse_members(const std::vector<std::uint8_t>& value) {
+  std::vector<int> members;
+  for (absl::string_view part :
+       absl::StrSplit(absl::string_view(reinterpret_cast<const char*>(value.data()), value.size()),
+                      ',', absl::SkipEmpty())) {
+    int r = 0;
+    if (absl::SimpleAtoi(part, &r)) members.push_back(r);
+  }
+  return members;
+}
+
 const std::string& process_token() {
   static const std::string token = [] {
     std::random_device random;
@@ -101,15 +112,7 @@ void Liveness::beat() {
 std::vector<int> Liveness::superseded_by() {
   if (!superseded_.empty()) return superseded_;
   if (!store_->check({next_members_})) return {};
-  const std::vector<std::uint8_t> value = store_->get(next_members_);
-  std::vector<int> members;
-  for (absl::string_view part :
-       absl::StrSplit(absl::string_view(reinterpret_cast<const char*>(value.data()), value.size()),
-                      ',', absl::SkipEmpty())) {
-    int r = 0;
-    if (!absl::SimpleAtoi(part, &r)) continue;
-    members.push_back(r);
-  }
+  std::vector<int> members = parse_members(store_->get(next_members_));
   if (std::find(members.begin(), members.end(), rank_) != members.end()) {
     // This rank went on: as this process, or as a replacement that took
     // its seat while this one was stopped or cut off.

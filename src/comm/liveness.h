@@ -32,6 +32,9 @@ struct LostPeer {
   std::string why;  // "heartbeat stopped 1.6 s ago", "left (destroyed its communicator)"
 };
 
+// A generation's members as written in the store: "0,2,3".
+std::vector<int> parse_members(const std::vector<std::uint8_t>& value);
+
 // This process's token: the value it writes to claim a seat, unique to the
 // process (its pid and a random number), the same for all its claims.
 const std::string& process_token();
