@@ -451,6 +451,7 @@ result<void> wait_work(WorkState& w, Clock::time_point deadline) {
   // The first slice is long enough for most operations, so that a healthy
   // collective costs one condition-variable wait, as in raw c10d.
   Millis slice = std::max(live.interval(), Millis(20));
+  Clock::time_point left_seen{};  // when only peers that left were missing
   while (true) {
     if (g.aborted.load()) {
       g.recorder->finish(w.seq, "aborted", g.cause_text());
@@ -477,6 +478,17 @@ result<void> wait_work(WorkState& w, Clock::time_point deadline) {
       return fail_from_c10d(g, w.seq, w.what, text, deadline + Millis(2000));
     }
     auto lost = live.lost(g.world_ranks);
+    // A peer that left cleanly finished its part of every operation it
+    // issued, but what it sent may still be in flight (a slow or lossy
+    // link): the operation gets one peer timeout more before the leave is
+    // called a loss. A peer that left without issuing it closed its
+    // connections, so the backend fails at once anyway.
+    const bool only_left = !lost.empty() && std::all_of(lost.begin(), lost.end(),
+                                                        [](const LostPeer& p) { return p.left; });
+    if (only_left && left_seen == Clock::time_point{}) left_seen = Clock::now();
+    if (only_left && Clock::now() - left_seen < live.peer_timeout() && Clock::now() < deadline) {
+      lost.clear();
+    }
     if (!lost.empty()) {
       stop();
       return fail(g, w.seq, "peer_lost",

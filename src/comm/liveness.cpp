@@ -160,7 +160,7 @@ std::vector<LostPeer> Liveness::lost(const std::vector<int>& world_ranks) {
     Sample& s = samples_[static_cast<std::size_t>(ranks[i])];
     std::string value(values[i].begin(), values[i].end());
     if (value == kLeft) {
-      lost.push_back({ranks[i], "left (it destroyed its communicator)"});
+      lost.push_back({ranks[i], "left (it destroyed its communicator)", /*left=*/true});
       continue;
     }
     if (s.changed == Clock::time_point{} || value != s.value) {

@@ -30,6 +30,9 @@ namespace keel::internal::comm_detail {
 struct LostPeer {
   int world_rank;
   std::string why;  // "heartbeat stopped 1.6 s ago", "left (destroyed its communicator)"
+  // It destroyed its communicator: it finished its part of every operation
+  // it issued, though what it sent may still be in flight.
+  bool left = false;
 };
 
 // A generation's members as written in the store: "0,2,3".

@@ -27,6 +27,10 @@
 ///   `abort()` (`Errc::aborted`). A rank that hangs with its sockets open
 ///   (stopped, swapping, stuck in a driver) stops its heartbeat too, so it
 ///   is named within the same bound, never after the operation's timeout.
+///   A peer that destroyed its communicator has finished its part of every
+///   operation it issued, but its data may still be in flight on a slow or
+///   lossy link: an operation still waiting on it names it as left after
+///   one more `peer_timeout` (sooner when its connections report closed).
 /// - A failed operation leaves the group in an unknown state, so it aborts
 ///   the communicator: every later call returns `Errc::aborted`, naming the
 ///   first failure. Build a new group with `reform()`.
