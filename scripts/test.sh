@@ -80,6 +80,18 @@ for r in "${keel_ci_extra[@]}" "$keel_newest"; do
         "build/upgrade-check/compare-$r-$adapter.json")")")
   done
 done
+# The tiny language model (examples/tiny_lm) across releases: trained and
+# recorded on the newest, replayed on every other release CI built; its
+# deterministic outputs within the policy and its curves within the band.
+tiny=build/upgrade-check/tiny_lm-$keel_newest.safetensors
+"$(build_dir "$keel_newest" release)/tiny_lm" --record "$tiny" >/dev/null
+for r in "${keel_ci_extra[@]}"; do
+  "$(build_dir "$r" release)/tiny_lm" --compare "$tiny" --repeat 1 \
+    --json "build/upgrade-check/tiny_lm-$r.json" >/dev/null
+  summary+=("$(printf '%-8s %-9s %-28s %s' "$r" function "tiny_lm trained on $keel_newest" \
+    "$(python3 -c 'import json,sys; c=json.load(open(sys.argv[1]))["cases"][0]; print(c["status"] + ":", ", ".join("%s %.3g" % (o["name"], o["max_abs"]) for o in c["outputs"]))' \
+      "build/upgrade-check/tiny_lm-$r.json")")")
+done
 scripts/lint.sh "$(build_dir "$keel_newest" release)"
 
 echo

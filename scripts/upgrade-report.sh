@@ -2,7 +2,10 @@
 # keel's main job (README): the upgrade story from a fresh machine. Builds
 # keel on each release named, records the canonical suite on the --from
 # release, replays it on every --to release with each adapter that release
-# has, and prints one summary row per pair and the paths of the HTML reports.
+# has, trains the tiny language model (examples/tiny_lm) on every release
+# and replays the --from release's training record on the others, and
+# prints one summary row per pair and the path of the report's front page
+# (build/upgrade-report/index.html: self-contained, readable offline).
 #
 #   scripts/upgrade-report.sh                          # first supported -> the "ci"
 #                                                      # releases and the newest
@@ -40,7 +43,7 @@ mapfile -t all < <(printf '%s\n' "$from" "${to[@]}" | awk '!seen[$0]++')
 scripts/fetch-deps.sh "${all[@]}"
 for r in "${all[@]}"; do
   KEEL_TORCH_RELEASE=$r cmake --preset release >/dev/null
-  cmake --build "build/torch-$r" --target keel-info keel-compat
+  cmake --build "build/torch-$r" --target keel-info keel-compat tiny_lm
 done
 
 out=build/upgrade-report
@@ -55,6 +58,7 @@ golden=$out/golden-$from.safetensors
 
 status=0
 rows=()
+suites=()
 for r in "${to[@]}"; do
   for adapter in compat native; do
     # The JSON first, then grep (grep -q closing the pipe early fails under pipefail).
@@ -65,6 +69,7 @@ for r in "${to[@]}"; do
     base=$out/compare-$from-to-$r-$adapter
     "build/torch-$r/keel-compat" compare --golden "$golden" --backend "$adapter" --repeat 3 \
       --json "$base.json" --html "$base.html" || status=1
+    suites+=(--suite "$base.json")
     rows+=("$(python3 - "$base.json" "$from" "$r" "$adapter" "$base.html" <<'PY'
 import json, sys
 path, a, b, adapter, html = sys.argv[1:]
@@ -79,8 +84,26 @@ PY
   done
 done
 
+# The tiny model: trained and recorded on --from, then trained on each --to
+# release and judged against that record (docs/tiny-lm.md).
+echo
+echo "keel: ===== tiny_lm: trained on $from ====="
+tiny=$out/tiny_lm-$from.safetensors
+"build/torch-$from/tiny_lm" --record "$tiny" --curve "$out/tiny_lm-curve-$from.json"
+index_args=(--tiny-lm "$out/tiny_lm-curve-$from.json")
+for r in "${to[@]}"; do
+  echo
+  echo "keel: ===== tiny_lm: trained on $r, judged against $from ====="
+  "build/torch-$r/tiny_lm" --compare "$tiny" --repeat 2 --json "$out/tiny_lm-$from-to-$r.json" \
+    --html "$out/tiny_lm-$from-to-$r.html" --curve "$out/tiny_lm-curve-$r.json" || status=1
+  index_args+=(--tiny-lm "$out/tiny_lm-curve-$r.json" --compare "$out/tiny_lm-$from-to-$r.json")
+done
+python3 scripts/upgrade_index.py --out "$out/index.html" --title "keel upgrade report: $from -> ${to[*]}" \
+  "${index_args[@]}" "${suites[@]}"
+
 echo
 echo "keel: upgrade report, one row per pair (cases recorded on $from; skipped: the adapter declines the case, with its reason in the report; served: cases the adapter ran itself)"
 printf '%7s    %-7s %-7s %5s %5s %7s %5s %7s   %s\n' from to adapter cases pass skipped fail served report
 printf '%s\n' "${rows[@]}"
+echo "keel: the report's front page, with the tiny model's curves: $out/index.html"
 exit $status

@@ -35,6 +35,7 @@
 #include "diagnostics.h"
 #include "dispatch/comm.h"
 #include "dispatch/dispatcher.h"
+#include "dtype_name.h"
 #include "environment.h"
 #include "guard.h"
 #include "string_view_bridge.h"
@@ -244,34 +245,6 @@ constexpr const char* kCreate = "keel::comm::Communicator::create";
 
 std::string shape_text(const at::Tensor& t) {
   return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]");
-}
-
-// PyTorch's Python names ("float32", "bfloat16", "int64"), as users know them.
-std::string dtype_text(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat:
-      return "float32";
-    case at::kDouble:
-      return "float64";
-    case at::kHalf:
-      return "float16";
-    case at::kBFloat16:
-      return "bfloat16";
-    case at::kLong:
-      return "int64";
-    case at::kInt:
-      return "int32";
-    case at::kShort:
-      return "int16";
-    case at::kChar:
-      return "int8";
-    case at::kByte:
-      return "uint8";
-    case at::kBool:
-      return "bool";
-    default:
-      return {c10::toString(t.scalar_type())};
-  }
 }
 
 Error invalid(std::string_view op, const std::string& message) {
@@ -691,7 +664,7 @@ result<Work> issue(const std::shared_ptr<GroupState>& g, Op op, const CallOption
   entry.op = what_base;
   entry.bytes = op.bytes;
   if (op.tensor != nullptr && op.tensor->defined()) {
-    entry.dtype = dtype_text(*op.tensor);
+    entry.dtype = internal::dtype_name(*op.tensor);
     entry.shape = op.tensor->sizes().vec();
   }
   entry.peers = op.peers.empty() ? g->world_ranks : op.peers;
@@ -767,8 +740,8 @@ result<void> check_tensor(const GroupState& g, std::string_view op, std::string_
 result<void> check_same_dtype(std::string_view op, const at::Tensor& output,
                               const at::Tensor& input) {
   if (output.scalar_type() != input.scalar_type()) {
-    return invalid(op, absl::StrCat("output: dtype ", dtype_text(output), " differs from input's ",
-                                    dtype_text(input)));
+    return invalid(op, absl::StrCat("output: dtype ", internal::dtype_name(output),
+                                    " differs from input's ", internal::dtype_name(input)));
   }
   return success();
 }
@@ -778,7 +751,8 @@ result<void> check_reduce_op(std::string_view op, ReduceOp reduce, const at::Ten
     return invalid(op, absl::StrCat("op: not a ReduceOp (", static_cast<int>(reduce), ")"));
   }
   if (reduce == ReduceOp::avg && !at::isFloatingType(t.scalar_type())) {
-    return invalid(op, absl::StrCat("op: avg needs a floating dtype, got ", dtype_text(t)));
+    return invalid(op,
+                   absl::StrCat("op: avg needs a floating dtype, got ", internal::dtype_name(t)));
   }
   return success();
 }
@@ -803,7 +777,7 @@ std::uint64_t nbytes(const at::Tensor& t) {
 }
 
 Descriptor plain(const at::Tensor& t, const std::string& extra = {}) {
-  return {absl::StrCat(dtype_text(t), " ", shape_text(t), extra), false};
+  return {absl::StrCat(internal::dtype_name(t), " ", shape_text(t), extra), false};
 }
 
 std::string trailing_text(const at::Tensor& t) {
@@ -1196,9 +1170,10 @@ result<Work> Communicator::all_gather_async(std::vector<at::Tensor>& outputs,
     ok = check_tensor(*state_, name, arg, outputs[r]);
     if (!ok) return ok.error();
     if (outputs[r].sizes() != input.sizes() || outputs[r].scalar_type() != input.scalar_type()) {
-      return invalid(name, absl::StrCat(arg, ": expected ", dtype_text(input), " ",
-                                        shape_text(input), " (input's), got ",
-                                        dtype_text(outputs[r]), " ", shape_text(outputs[r])));
+      return invalid(name,
+                     absl::StrCat(arg, ": expected ", internal::dtype_name(input), " ",
+                                  shape_text(input), " (input's), got ",
+                                  internal::dtype_name(outputs[r]), " ", shape_text(outputs[r])));
     }
   }
   Op d;
@@ -1341,7 +1316,7 @@ result<Work> Communicator::all_to_all_async(at::Tensor& output, const at::Tensor
                                         " differ from input's ", trailing_text(input)));
     }
     d.detail = "(splits)";
-    d.check = Descriptor{absl::StrCat(dtype_text(input), "|", trailing_text(input), "|",
+    d.check = Descriptor{absl::StrCat(internal::dtype_name(input), "|", trailing_text(input), "|",
                                       splits_text(input_splits), "|", splits_text(output_splits)),
                          true};
   }

@@ -10,26 +10,11 @@
 #include <absl/strings/match.h>
 #include <absl/strings/str_cat.h>
 
+#include "dtype_name.h"
 #include "harness/safetensors.h"
 
 namespace keel::harness {
 namespace {
-
-// The policy's name for a tensor's dtype ("float32", "int64", ...).
-std::string dtype_name(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kDouble:
-      return "float64";
-    case at::kFloat:
-      return "float32";
-    case at::kBFloat16:
-      return "bfloat16";
-    case at::kHalf:
-      return "float16";
-    default:
-      return {c10::toString(t.scalar_type())};
-  }
-}
 
 std::vector<std::int64_t> shape_of(const at::Tensor& t) {
   return {t.sizes().begin(), t.sizes().end()};
@@ -90,7 +75,7 @@ std::pair<Tolerance, std::string> tolerance_of(const std::string& name, const at
   }
   if (best != nullptr) return {policy.at(*best), "policy file: " + *best};
   if (options.atol) return {{*options.atol, *options.rtol}, "--atol/--rtol"};
-  const std::string dtype = dtype_name(a);
+  const std::string dtype = internal::dtype_name(a);
   return {tolerance_for(dtype), "policy (" + dtype + ")"};
 }
 
@@ -167,11 +152,11 @@ result<DiffReport> diff(const DiffOptions& options) {
     const auto ia = at_a.find(name);
     const auto ib = at_b.find(name);
     if (ia != at_a.end()) {
-      d.a_dtype = dtype_name(ia->second);
+      d.a_dtype = internal::dtype_name(ia->second);
       d.a_shape = shape_of(ia->second);
     }
     if (ib != at_b.end()) {
-      d.b_dtype = dtype_name(ib->second);
+      d.b_dtype = internal::dtype_name(ib->second);
       d.b_shape = shape_of(ib->second);
     }
     if (ib == at_b.end()) {

@@ -77,8 +77,11 @@ nlohmann::json to_json(const Report& report) {
   for (const CaseReport& r : report.cases) {
     nlohmann::json outputs = nlohmann::json::array();
     for (const OutputCheck& o : r.outputs) {
-      outputs.push_back(
-          {{"name", o.name}, {"max_abs", o.max_abs}, {"max_rel", o.max_rel}, {"pass", o.pass}});
+      outputs.push_back({{"name", o.name},
+                         {"max_abs", o.max_abs},
+                         {"max_rel", o.max_rel},
+                         {"tolerance", {{"atol", o.tolerance.atol}, {"rtol", o.tolerance.rtol}}},
+                         {"pass", o.pass}});
     }
     cases.push_back({{"id", r.id},
                      {"operation", r.operation},

@@ -36,6 +36,8 @@ struct Case {
   // Set by a family whose case is worse conditioned than the dtype policy
   // assumes; recorded in the file, and what compare judges by.
   std::optional<Tolerance> tolerance;
+  // Per output, overriding `tolerance` for the outputs it names.
+  std::map<std::string, Tolerance> output_tolerances;
 };
 
 // The documented policy (docs/compat.md), by the case's input dtype.

@@ -37,6 +37,7 @@ result<std::size_t> record(const RecordOptions& options);
 
 struct OutputCheck {
   std::string name;
+  Tolerance tolerance;  // the one it was judged by
   double max_abs = 0;
   double max_rel = 0;
   bool pass = true;
@@ -44,8 +45,9 @@ struct OutputCheck {
 
 struct CaseReport {
   std::string id, operation, dtype;
-  std::string status;  // "pass", "fail", "skipped", "error"
-  std::string reason;  // why skipped, failed or errored
+  nlohmann::json options = nlohmann::json::object();  // as recorded with the case
+  std::string status;                                 // "pass", "fail", "skipped", "error"
+  std::string reason;                                 // why skipped, failed or errored
   std::string golden_adapter, adapter;
   Tolerance tolerance;
   std::vector<OutputCheck> outputs;

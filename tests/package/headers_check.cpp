@@ -5,6 +5,7 @@
 #include <keel/v1/attention.h>
 #include <keel/v1/build_info.h>
 #include <keel/v1/comm.h>
+#include <keel/v1/compat.h>
 #include <keel/v1/dispatch.h>
 #include <keel/v1/error.h>
 #include <keel/v1/export.h>

@@ -1,7 +1,9 @@
 // Uses the installed keel through its public headers only.
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <string>
 
 #include <ATen/ATen.h>
 #include <keel/keel.h>
@@ -40,6 +42,25 @@ int main(int argc, char** argv) {
   keel::result<keel::LogsumexpOutput> bad = keel::logsumexp(at::zeros({3}, at::kLong));
   if (bad || bad.error().code() != keel::Errc::invalid_argument) {
     std::cerr << "consumer: an int64 input was not rejected\n";
+    return 1;
+  }
+  // A service's own case, recorded and replayed through libkeel's
+  // keel::compat (one build plays both sides here).
+  const std::string golden = "consumer-golden.safetensors";
+  keel::compat::Case c;
+  c.id = "square";
+  c.inputs["x"] = at::arange(6, at::kDouble);
+  auto square = [](const keel::compat::Case& k) -> keel::result<keel::compat::Tensors> {
+    return keel::compat::Tensors{{"y", k.inputs.at("x") * k.inputs.at("x")}};
+  };
+  keel::result<void> recorded = keel::compat::record(golden, {c}, square);
+  keel::result<keel::compat::Report> report =
+      recorded ? keel::compat::compare(golden, square) : recorded.error();
+  std::remove(golden.c_str());
+  if (!report || !report.value().ok() || report.value().passed != 1) {
+    std::cerr << "consumer: keel::compat "
+              << (report ? keel::compat::to_text(report.value()) : report.error().to_string())
+              << "\n";
     return 1;
   }
   if (info.cxx_standard != KEEL_EXPECT_CXX) {
