@@ -53,7 +53,7 @@ Paged make_paged(const Shape& s, at::ScalarType dtype, std::int64_t page_size,
   std::int64_t slot = 0;
   for (std::int64_t b = 0; b < s.B; ++b) {
     for (std::int64_t n = 0; n * page_size < lengths[b]; ++n, ++slot) {
-      const std::int64_t id = order[slot].item<std::int64_t>();
+      const auto id = order[slot].item<std::int64_t>();
       p.cache.page_table[b][n] = id;
       p.cache.k_pages[id].copy_(p.k[b].narrow(1, n * page_size, page_size));
       p.cache.v_pages[id].copy_(p.v[b].narrow(1, n * page_size, page_size));
