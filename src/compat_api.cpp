@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <exception>
+#include <iterator>
 #include <utility>
 
 #include <absl/strings/str_cat.h>
@@ -27,14 +28,13 @@ constexpr const char* kOperation = "function";
 constexpr c10::ScalarType kByPrecision[] = {c10::kDouble, c10::kFloat, c10::kHalf, c10::kBFloat16};
 
 std::string policy_dtype(const Tensors& outputs) {
-  int worst = -1;
+  std::size_t worst = 0;  // one past the least precise seen
   for (const auto& [name, t] : outputs) {
-    if (!t.defined()) continue;
-    for (int i = 0; i < 4; ++i) {
-      if (t.scalar_type() == kByPrecision[i]) worst = std::max(worst, i);
+    for (std::size_t i = 0; t.defined() && i < std::size(kByPrecision); ++i) {
+      if (t.scalar_type() == kByPrecision[i]) worst = std::max(worst, i + 1);
     }
   }
-  return worst < 0 ? std::string() : internal::dtype_name(kByPrecision[worst]);
+  return worst == 0 ? std::string() : internal::dtype_name(kByPrecision[worst - 1]);
 }
 
 // One run of `function` on `c`, timed, with its peak memory.
@@ -184,8 +184,9 @@ result<void> record(const std::string& path, const std::vector<Case>& cases,
     r.c.options = c.metadata;
     r.c.inputs = c.inputs;
     if (c.tolerance) r.c.tolerance = harness::Tolerance{c.tolerance->atol, c.tolerance->rtol};
-    for (const auto& [name, t] : c.output_tolerances)
+    for (const auto& [name, t] : c.output_tolerances) {
       r.c.output_tolerances[name] = {t.atol, t.rtol};
+    }
     r.run = std::move(run).value();
     recorded.push_back(std::move(r));
   }

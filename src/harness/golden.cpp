@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <set>
 
 #include <ATen/ATen.h>
 #include <absl/strings/numbers.h>
@@ -98,19 +99,29 @@ result<void> write_golden(const std::string& path, const std::vector<Recorded>& 
                           const std::string& backend,
                           const std::map<std::string, std::string>& metadata) {
   TensorFile file;
+  for (const auto& [key, value] : metadata) {
+    if (key == "keel_format" || key == "keel_version" || key == "torch_version" ||
+        key == "device" || key == "backend" || key == "cases") {
+      return Error(Errc::invalid_argument,
+                   absl::StrCat("metadata key '", key, "' is keel's own; name it otherwise"));
+    }
+  }
   nlohmann::json entries = nlohmann::json::array();
+  std::set<std::string> ids;
   for (const Recorded& r : cases) {
     const Case& c = r.c;
     if (result<void> ok = check_id(c.id); !ok) return ok.error();
+    if (!ids.insert(c.id).second) {
+      return Error(Errc::invalid_argument, absl::StrCat("case id '", c.id, "' is repeated"));
+    }
     for (const auto* tensors : {&c.inputs, &r.run.outputs}) {
       for (const auto& [name, t] : *tensors) {
-        const std::string key = tensors == &c.inputs ? in_name(c.id, name) : out_name(c.id, name);
-        if (name.empty() || !file.tensors.emplace(key, t).second) {
+        if (name.empty()) {
           return Error(Errc::invalid_argument,
-                       absl::StrCat("case ", c.id, ": tensor '", name,
-                                    name.empty() ? "' has no name"
-                                                 : "' is stored twice (is the case id repeated?)"));
+                       absl::StrCat("case ", c.id, ": a tensor has no name"));
         }
+        // Unique: ids are, and none has a path segment "in" or "out".
+        file.tensors[tensors == &c.inputs ? in_name(c.id, name) : out_name(c.id, name)] = t;
       }
     }
     const Tolerance tol = c.tolerance.value_or(tolerance_for(c.dtype));

@@ -171,6 +171,9 @@ TEST_F(CompatApi, BadCasesAreInvalidArgument) {
   }
   std::vector<Case> twice = {make_case("same", at::kFloat, 5), make_case("same", at::kFloat, 6)};
   EXPECT_EQ(record(path_, twice, model).error().code(), Errc::invalid_argument);
+  RecordOptions reserved;
+  reserved.metadata["torch_version"] = "mine";
+  EXPECT_EQ(record(path_, cases_, model, reserved).error().code(), Errc::invalid_argument);
   std::vector<Case> undefined = {make_case("u", at::kFloat, 7)};
   undefined[0].inputs["nothing"] = at::Tensor();
   EXPECT_EQ(record(path_, undefined, model).error().code(), Errc::invalid_argument);

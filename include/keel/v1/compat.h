@@ -89,8 +89,10 @@ using Function = std::function<result<Tensors>(const Case&)>;
 
 /// Options of `record()`.
 struct RecordOptions {
-  /// Stored in the file's metadata beside keel's own (keel and torch
-  /// versions), for the report to show: a model's name, a commit.
+  /// Stored in the file's metadata beside keel's own, for the report to
+  /// show: a model's name, a commit. keel's own keys (`keel_format`,
+  /// `keel_version`, `torch_version`, `device`, `backend`, `cases`) are
+  /// `invalid_argument` here.
   std::map<std::string, std::string> metadata;
 };
 
