@@ -67,25 +67,19 @@ result<harness::Run> run_once(const Function& function, const Case& c) {
   return run;
 }
 
+// The engine's status names, in CaseStatus order.
+constexpr const char* kStatusNames[] = {"pass", "fail", "skipped", "error"};
+
 CaseStatus status_of(const std::string& s) {
-  if (s == "pass") return CaseStatus::pass;
-  if (s == "fail") return CaseStatus::fail;
-  if (s == "skipped") return CaseStatus::skipped;
+  for (std::size_t i = 0; i < std::size(kStatusNames); ++i) {
+    if (s == kStatusNames[i]) return static_cast<CaseStatus>(i);
+  }
   return CaseStatus::error;
 }
 
 const char* status_text(CaseStatus s) {
-  switch (s) {
-    case CaseStatus::pass:
-      return "pass";
-    case CaseStatus::fail:
-      return "fail";
-    case CaseStatus::skipped:
-      return "skipped";
-    case CaseStatus::error:
-      break;
-  }
-  return "error";
+  const auto i = static_cast<std::size_t>(s);
+  return i < std::size(kStatusNames) ? kStatusNames[i] : "error";
 }
 
 std::map<std::string, std::string> metadata_of(const nlohmann::json& options) {
@@ -112,10 +106,9 @@ Report from_engine(const harness::Report& in) {
     c.id = r.id;
     c.status = status_of(r.status);
     c.reason = r.reason;
-    c.tolerance = {r.tolerance.atol, r.tolerance.rtol};
+    c.tolerance = r.tolerance;
     for (const harness::OutputCheck& o : r.outputs) {
-      c.outputs.push_back(
-          {o.name, o.max_abs, o.max_rel, {o.tolerance.atol, o.tolerance.rtol}, o.pass});
+      c.outputs.push_back({o.name, o.max_abs, o.max_rel, o.tolerance, o.pass});
     }
     c.max_abs = r.max_abs;
     c.max_rel = r.max_rel;
@@ -148,10 +141,9 @@ harness::Report to_engine(const Report& in) {
     r.golden_adapter = r.adapter = kOperation;
     r.status = status_text(c.status);
     r.reason = c.reason;
-    r.tolerance = {c.tolerance.atol, c.tolerance.rtol};
+    r.tolerance = c.tolerance;
     for (const OutputResult& o : c.outputs) {
-      r.outputs.push_back(
-          {o.name, {o.tolerance.atol, o.tolerance.rtol}, o.max_abs, o.max_rel, o.pass});
+      r.outputs.push_back({o.name, o.tolerance, o.max_abs, o.max_rel, o.pass});
     }
     r.max_abs = c.max_abs;
     r.max_rel = c.max_rel;
@@ -183,10 +175,8 @@ result<void> record(const std::string& path, const std::vector<Case>& cases,
     r.c.dtype = policy_dtype(run.value().outputs);
     r.c.options = c.metadata;
     r.c.inputs = c.inputs;
-    if (c.tolerance) r.c.tolerance = harness::Tolerance{c.tolerance->atol, c.tolerance->rtol};
-    for (const auto& [name, t] : c.output_tolerances) {
-      r.c.output_tolerances[name] = {t.atol, t.rtol};
-    }
+    r.c.tolerance = c.tolerance;
+    r.c.output_tolerances = c.output_tolerances;
     r.run = std::move(run).value();
     recorded.push_back(std::move(r));
   }

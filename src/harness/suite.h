@@ -16,16 +16,15 @@
 #include <nlohmann/json.hpp>
 
 #include "keel/v1/comm.h"
+#include "keel/v1/compat.h"
 #include "keel/v1/dispatch.h"
 #include "keel/v1/error.h"
 
 namespace keel::harness {
 
-// Absolute and relative tolerance: |got - want| <= atol + rtol * |want|.
-struct Tolerance {
-  double atol = 0;
-  double rtol = 0;
-};
+// Absolute and relative tolerance, |got - want| <= atol + rtol * |want|:
+// the public type, so that keel::compat passes it through unchanged.
+using Tolerance = compat::Tolerance;
 
 struct Case {
   std::string id;         // "logsumexp/float32/masked"
