@@ -13,9 +13,8 @@
 #include <absl/strings/str_join.h>
 #include <c10/core/GradMode.h>
 
-#include "attention_mask.h"
 #include "dispatch/attention.h"
-#include "dispatch/dispatcher.h"
+#include "dispatcher.h"
 #include "guard.h"
 
 namespace keel {
@@ -140,14 +139,21 @@ bool batch_heads_ok(const at::Tensor& t, const Dims& d) {
   return (t.size(0) == d.batch || t.size(0) == 1) && (t.size(1) == d.q_heads || t.size(1) == 1);
 }
 
+// How many blocks of `block` cover `length` (both checked > 0 or >= 0),
+// without the overflow of (length + block - 1) / block when a caller's
+// BlockMask says INT64_MAX.
+std::int64_t blocks_of(std::int64_t length, std::int64_t block) {
+  return length / block + (length % block != 0 ? 1 : 0);
+}
+
 result<void> check_block_mask(const std::string& at, const BlockMask& bm, const Dims& d,
                               const at::Tensor& q) {
   if (bm.q_block_size <= 0 || bm.kv_block_size <= 0) {
     return invalid(absl::StrCat(at, ".block has block sizes (", bm.q_block_size, ", ",
                                 bm.kv_block_size, "); expected both > 0"));
   }
-  const std::int64_t qb = compat::block_count(d.q_len, bm.q_block_size);
-  const std::int64_t kvb = compat::block_count(d.kv_len, bm.kv_block_size);
+  const std::int64_t qb = blocks_of(d.q_len, bm.q_block_size);
+  const std::int64_t kvb = blocks_of(d.kv_len, bm.kv_block_size);
   const auto check_pair = [&](const char* counts_name, const at::Tensor& counts,
                               const char* indices_name, const at::Tensor& indices) -> result<void> {
     const std::string cn = absl::StrCat(at, ".block.", counts_name);

@@ -6,7 +6,7 @@
 #include <absl/strings/str_cat.h>
 
 #include "diagnostics.h"
-#include "dispatch/dispatcher.h"
+#include "dispatcher.h"
 #include "environment.h"
 #include "keel/v1/dispatch.h"
 #include "string_view_bridge.h"

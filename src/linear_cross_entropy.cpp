@@ -10,8 +10,8 @@
 #include <absl/strings/str_join.h>
 #include <c10/core/ScalarType.h>
 
-#include "dispatch/dispatcher.h"
 #include "dispatch/linear_cross_entropy.h"
+#include "dispatcher.h"
 #include "guard.h"
 #include "keel/v1/loss.h"
 #include "vocab_parallel.h"

@@ -5,8 +5,8 @@
 #include <absl/strings/str_join.h>
 #include <c10/core/ScalarType.h>
 
-#include "dispatch/dispatcher.h"
 #include "dispatch/logsumexp.h"
+#include "dispatcher.h"
 #include "guard.h"
 
 namespace keel {

@@ -1,83 +1,8 @@
-#include "compat/comm.h"
+#include "comm.h"
 
-#include <utility>
-
-#include "comm/backends.h"
+#include "c10d_engine.h"
 
 namespace keel::adapters {
-
-using WorkPtr = internal::CommEngine::WorkPtr;
-
-WorkPtr BackendEngine::all_reduce(at::Tensor& tensor, c10d::ReduceOp op, Millis timeout) {
-  std::vector<at::Tensor> tensors{tensor};
-  c10d::AllreduceOptions opts;
-  opts.reduceOp = std::move(op);
-  opts.timeout = timeout;
-  return backend_->allreduce(tensors, opts);
-}
-
-WorkPtr BackendEngine::all_gather(at::Tensor& output, at::Tensor& input, Millis timeout) {
-  c10d::AllgatherOptions opts;
-  opts.timeout = timeout;
-  return backend_->_allgather_base(output, input, opts);
-}
-
-WorkPtr BackendEngine::all_gather_list(std::vector<at::Tensor>& outputs, at::Tensor& input,
-                                       Millis timeout) {
-  std::vector<std::vector<at::Tensor>> out{outputs};
-  std::vector<at::Tensor> in{input};
-  c10d::AllgatherOptions opts;
-  opts.timeout = timeout;
-  // c10d copies into the tensors of `out`, which share storage with `outputs`.
-  return backend_->allgather(out, in, opts);
-}
-
-WorkPtr BackendEngine::reduce_scatter(at::Tensor& output, at::Tensor& input, c10d::ReduceOp op,
-                                      Millis timeout) {
-  c10d::ReduceScatterOptions opts;
-  opts.reduceOp = std::move(op);
-  opts.timeout = timeout;
-  return backend_->_reduce_scatter_base(output, input, opts);
-}
-
-WorkPtr BackendEngine::broadcast(at::Tensor& tensor, int root, Millis timeout) {
-  std::vector<at::Tensor> tensors{tensor};
-  c10d::BroadcastOptions opts;
-  opts.rootRank = root;
-  opts.timeout = timeout;
-  return backend_->broadcast(tensors, opts);
-}
-
-WorkPtr BackendEngine::all_to_all(at::Tensor& output, at::Tensor& input,
-                                  std::vector<std::int64_t> output_splits,
-                                  std::vector<std::int64_t> input_splits, Millis timeout) {
-  c10d::AllToAllOptions opts;
-  opts.timeout = timeout;
-  return backend_->alltoall_base(output, input, output_splits, input_splits, opts);
-}
-
-WorkPtr BackendEngine::send(at::Tensor& tensor, int peer, int tag) {
-  std::vector<at::Tensor> tensors{tensor};
-  return backend_->send(tensors, peer, tag);
-}
-
-WorkPtr BackendEngine::recv(at::Tensor& tensor, int peer, int tag) {
-  std::vector<at::Tensor> tensors{tensor};
-  return backend_->recv(tensors, peer, tag);
-}
-
-WorkPtr BackendEngine::barrier(Millis timeout) {
-  c10d::BarrierOptions opts;
-  opts.timeout = timeout;
-  return backend_->barrier(opts);
-}
-
-void BackendEngine::abort() noexcept {
-  try {
-    backend_->abort();
-  } catch (...) {  // NOLINT(bugprone-empty-catch): abort is best effort by contract
-  }
-}
 
 const internal::CommKernel& compat_comm_kernel() {
   static const BackendComm<BackendEngine> kernel;
@@ -87,29 +12,6 @@ const internal::CommKernel& compat_comm_kernel() {
 const char* compat_comm_implementation() {
   return "c10d::Backend with the names 2.9 has (_allgather_base, _reduce_scatter_base, "
          "alltoall_base)";
-}
-
-CapabilityInfo comm_capability(std::string implementation) {
-  CapabilityInfo c;
-  c.operation = "comm";
-  c.dtypes = {"float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64"};
-  c.devices = internal::comm_devices();
-  c.features = {"all_reduce (sum, avg, min, max, product)",
-                "all_gather (tensor, list)",
-                "reduce_scatter",
-                "broadcast",
-                "all_to_all (equal, split sizes)",
-                "send/recv",
-                "barrier",
-                "async work",
-                "split",
-                "dedicated groups",
-                "reform",
-                "heartbeat liveness",
-                "flight recorder",
-                "checked mode"};
-  c.implementation = std::move(implementation);
-  return c;
 }
 
 }  // namespace keel::adapters

@@ -1,62 +1,13 @@
-// The compat communicator: c10d's Backend API with the collective names
-// every supported release has (`_allgather_base`, `_reduce_scatter_base`,
-// `alltoall_base`; from 2.14 forwarding aliases of the canonical `*_single`
-// names; see docs/torch-api-matrix.md §3).
+// The compat communicator: adapters/common's BackendEngine as it is, the
+// collective names every supported release has.
 #pragma once
 
-#include <memory>
-#include <string>
-#include <utility>
-
-#include "comm/backends.h"
 #include "dispatch/comm.h"
-#include "keel/v1/build_info.h"
 
 namespace keel::adapters {
-
-class BackendEngine : public internal::CommEngine {
- public:
-  explicit BackendEngine(c10::intrusive_ptr<c10d::Backend> backend)
-      : backend_(std::move(backend)) {}
-
-  WorkPtr all_reduce(at::Tensor& tensor, c10d::ReduceOp op, Millis timeout) override;
-  WorkPtr all_gather(at::Tensor& output, at::Tensor& input, Millis timeout) override;
-  WorkPtr all_gather_list(std::vector<at::Tensor>& outputs, at::Tensor& input,
-                          Millis timeout) override;
-  WorkPtr reduce_scatter(at::Tensor& output, at::Tensor& input, c10d::ReduceOp op,
-                         Millis timeout) override;
-  WorkPtr broadcast(at::Tensor& tensor, int root, Millis timeout) override;
-  WorkPtr all_to_all(at::Tensor& output, at::Tensor& input, std::vector<std::int64_t> output_splits,
-                     std::vector<std::int64_t> input_splits, Millis timeout) override;
-  WorkPtr send(at::Tensor& tensor, int peer, int tag) override;
-  WorkPtr recv(at::Tensor& tensor, int peer, int tag) override;
-  WorkPtr barrier(Millis timeout) override;
-  void abort() noexcept override;
-
- protected:
-  c10::intrusive_ptr<c10d::Backend> backend_;
-};
-
-// A comm kernel whose engine calls c10d::Backend itself (no ProcessGroup):
-// serves the backends this build has, and wraps each in an `Engine`.
-template <class Engine>
-class BackendComm final : public internal::CommKernel {
- public:
-  internal::Support supports(const internal::CommCall& call) const override {
-    return internal::backend_available(call.backend);
-  }
-  std::unique_ptr<internal::CommEngine> wrap(c10::intrusive_ptr<c10d::Backend> backend,
-                                             c10::intrusive_ptr<c10d::Store> /*store*/,
-                                             int /*rank*/, int /*size*/) const override {
-    return std::make_unique<Engine>(std::move(backend));
-  }
-};
 
 const internal::CommKernel& compat_comm_kernel();
 // What compat_comm_kernel() calls, in a sentence, for keel-info.
 const char* compat_comm_implementation();
-// The collectives keel::comm serves, on the devices this build has; each
-// adapter names its own `implementation`.
-CapabilityInfo comm_capability(std::string implementation);
 
 }  // namespace keel::adapters

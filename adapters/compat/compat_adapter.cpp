@@ -2,9 +2,10 @@
 
 #include "attention.h"
 
-#include "compat/comm.h"
-#include "compat/linear_cross_entropy.h"
+#include "c10d_engine.h"
+#include "comm.h"
 #include "dispatch/logsumexp.h"
+#include "linear_cross_entropy.h"
 #include "masked_logsumexp.h"
 
 namespace keel::adapters {

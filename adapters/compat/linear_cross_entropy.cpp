@@ -1,6 +1,6 @@
 // The compat adapter's linear_cross_entropy: keel's chunked implementation
 // (compat/chunked_linear_cross_entropy.*), on ATen ops present since 2.9.
-#include "compat/linear_cross_entropy.h"
+#include "linear_cross_entropy.h"
 
 #include <memory>
 #include <utility>

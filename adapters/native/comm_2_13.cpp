@@ -1,14 +1,13 @@
 // The native communicator on libtorch 2.13 (see comm.h): the three
 // collectives 2.13 renamed live on c10d::ProcessGroup only.
-#include "native/comm.h"
+#include "comm.h"
 
 #include <utility>
 
 #include <torch/headeronly/version.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
-#include "comm/backends.h"
-#include "compat/comm.h"
+#include "c10d_engine.h"
 
 // 2.14 moved the canonical names onto c10d::Backend: comm_2_14.cpp.
 #if TORCH_VERSION_MAJOR != 2 || TORCH_VERSION_MINOR != 13
@@ -63,10 +62,13 @@ class NativeComm final : public internal::CommKernel {
   internal::Support supports(const internal::CommCall& call) const override {
     return internal::backend_available(call.backend);
   }
-  std::unique_ptr<internal::CommEngine> wrap(c10::intrusive_ptr<c10d::Backend> backend,
-                                             c10::intrusive_ptr<c10d::Store> store, int rank,
-                                             int size) const override {
-    return std::make_unique<ProcessGroupEngine>(std::move(backend), std::move(store), rank, size);
+  std::unique_ptr<internal::CommEngine> create(
+      const internal::BackendRequest& request) const override {
+    return std::make_unique<ProcessGroupEngine>(internal::make_backend(request), request.store,
+                                                request.rank, request.size);
+  }
+  Errc classify_failure(const std::string& text) const noexcept override {
+    return internal::classify_c10d_failure(text);
   }
 };
 

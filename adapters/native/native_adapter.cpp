@@ -6,11 +6,11 @@
 #include <torch/headeronly/version.h>
 
 #include "attention.h"
-#include "compat/comm.h"
+#include "c10d_engine.h"
+#include "comm.h"
 #include "dispatch/linear_cross_entropy.h"
 #include "dispatch/logsumexp.h"
 #include "masked_logsumexp.h"
-#include "native/comm.h"
 
 // torch/headeronly/version.h is new in 2.13 (the macros moved there); CMake
 // compiles this adapter only for >= 2.13, and this says so where it matters.

@@ -28,13 +28,12 @@
 #include <unistd.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
-#include "comm/backends.h"
 #include "comm/flight_recorder.h"
 #include "comm/liveness.h"
 #include "comm/rendezvous.h"
 #include "diagnostics.h"
 #include "dispatch/comm.h"
-#include "dispatch/dispatcher.h"
+#include "dispatcher.h"
 #include "dtype_name.h"
 #include "environment.h"
 #include "guard.h"
@@ -308,19 +307,6 @@ Error aborted_error(GroupState& g, const std::string& what) {
                                       "' was aborted: ", g.cause_text())};
 }
 
-// Classifies an exception c10d left on a finished work.
-Errc classify(const std::string& text) {
-  if (absl::StrContains(text, "imed out") || absl::StrContains(text, "imeout"))
-    return Errc::timeout;
-  if (absl::StrContains(text, "Connection reset") || absl::StrContains(text, "Connection closed") ||
-      absl::StrContains(text, "Broken pipe") || absl::StrContains(text, "Read error") ||
-      absl::StrContains(text, "Write error") || absl::StrContains(text, "ECONNRESET") ||
-      absl::StrContains(text, "closed by peer")) {
-    return Errc::peer_lost;
-  }
-  return Errc::backend_error;
-}
-
 std::string exception_text(const std::exception_ptr& ex) {
   try {
     std::rethrow_exception(ex);
@@ -357,7 +343,7 @@ Error fail_from_c10d(GroupState& g, std::uint64_t seq, const std::string& what,
         Error(Errc::peer_lost, absl::StrCat("keel::comm: ", what, ": ", describe_lost(g, lost),
                                             " (c10d: ", text, ")")));
   }
-  const Errc code = classify(text);
+  const Errc code = g.world->kernel->classify_failure(text);
   return fail(g, seq, code == Errc::timeout ? "timed_out" : "failed",
               Error(code, absl::StrCat("keel::comm: ", what, ": ",
                                        code == Errc::peer_lost
@@ -702,7 +688,7 @@ result<Work> issue(const std::shared_ptr<GroupState>& g, Op op, const CallOption
       w->done = true;
       // Gloo's send can fail as it is issued, when the peer it writes to
       // has died: name the peer as a failed wait would (found by the soak).
-      if (classify(started.error().message()) == Errc::peer_lost) {
+      if (g->world->kernel->classify_failure(started.error().message()) == Errc::peer_lost) {
         return fail_from_c10d(*g, w->seq, w->what, started.error().message(), w->deadline);
       }
       return fail(*g, w->seq, "failed", started.error());
@@ -903,6 +889,7 @@ result<std::unique_ptr<internal::CommEngine>> make_engine(const WorldState& w,
   if (!arrived) return arrived.error();
   return internal::guarded(kCreate, w.dispatch.adapter, [&] {
     internal::BackendRequest request;
+    request.backend = w.backend;
     request.store = c10::make_intrusive<c10d::PrefixStore>(absl::StrCat(prefix, "pg/"), w.store);
     request.rank = rank;
     request.size = size;
@@ -910,9 +897,7 @@ result<std::unique_ptr<internal::CommEngine>> make_engine(const WorldState& w,
     request.host = internal::comm_detail::gloo_host(w.plan);
     request.device = w.options.device;
     request.group_name = name;
-    auto backend = w.backend == CommBackend::nccl ? internal::make_nccl_backend(request)
-                                                  : internal::make_gloo_backend(request);
-    return w.kernel->wrap(std::move(backend), request.store, rank, size);
+    return w.kernel->create(request);
   });
 }
 

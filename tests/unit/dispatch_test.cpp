@@ -7,8 +7,8 @@
 #include <gtest/gtest.h>
 #include <keel/keel.h>
 
-#include "dispatch/dispatcher.h"
 #include "dispatch/logsumexp.h"
+#include "dispatcher.h"
 
 namespace keel::internal {
 namespace {

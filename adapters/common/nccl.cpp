@@ -1,6 +1,9 @@
 // ProcessGroupNCCL, in CUDA builds (KEEL_WITH_CUDA); the CPU build says why
-// it has none.
-#include "comm/backends.h"
+// it has none. Also what both backends share: choosing one, and reading
+// their failures.
+#include "c10d_backends.h"
+
+#include <absl/strings/match.h>
 
 #ifdef KEEL_WITH_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -30,6 +33,23 @@ Support backend_available(comm::CommBackend backend) {
 #endif
   (void)backend;
   return Support::yes();
+}
+
+c10::intrusive_ptr<c10d::Backend> make_backend(const BackendRequest& request) {
+  return request.backend == comm::CommBackend::nccl ? make_nccl_backend(request)
+                                                    : make_gloo_backend(request);
+}
+
+Errc classify_c10d_failure(const std::string& text) noexcept {
+  if (absl::StrContains(text, "imed out") || absl::StrContains(text, "imeout"))
+    return Errc::timeout;
+  if (absl::StrContains(text, "Connection reset") || absl::StrContains(text, "Connection closed") ||
+      absl::StrContains(text, "Broken pipe") || absl::StrContains(text, "Read error") ||
+      absl::StrContains(text, "Write error") || absl::StrContains(text, "ECONNRESET") ||
+      absl::StrContains(text, "closed by peer")) {
+    return Errc::peer_lost;
+  }
+  return Errc::backend_error;
 }
 
 std::vector<std::string> comm_devices() {

@@ -1,9 +1,9 @@
-// ProcessGroupGloo, built against Debian's gloo headers (see backends.h).
+// ProcessGroupGloo, built against Debian's gloo headers (see c10d_backends.h).
 #include <cstdlib>
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
-#include "comm/backends.h"
+#include "c10d_backends.h"
 
 namespace keel::internal {
 

@@ -18,6 +18,7 @@
 
 #include "dispatch/adapter.h"
 #include "keel/v1/comm.h"
+#include "keel/v1/error.h"
 
 namespace keel::internal {
 
@@ -54,15 +55,32 @@ struct CommCall {
   comm::CommBackend backend;  // gloo or nccl, never automatic
 };
 
+// One group's backend, as the core asks for it once every rank arrived.
+struct BackendRequest {
+  comm::CommBackend backend = comm::CommBackend::gloo;  // never automatic
+  c10::intrusive_ptr<c10d::Store> store;                // already prefixed for this group
+  int rank = 0;
+  int size = 1;
+  std::chrono::milliseconds timeout{0};
+  std::string host;  // the address peers reach this rank at (Gloo)
+  c10::Device device = c10::kCPU;
+  std::string group_name;
+};
+
 class CommKernel {
  public:
   virtual ~CommKernel() = default;
   virtual Support supports(const CommCall& call) const = 0;
-  // Wraps a c10d backend made by the core (src/comm/backends.h) for a group
-  // of `size` ranks on `store`.
-  virtual std::unique_ptr<CommEngine> wrap(c10::intrusive_ptr<c10d::Backend> backend,
-                                           c10::intrusive_ptr<c10d::Store> store, int rank,
-                                           int size) const = 0;
+  // Builds the c10d backend `request` names and the engine that calls it.
+  // c10d's backend construction and its Options change between releases,
+  // so they live behind this call. May throw (c10::Error): the core guards
+  // it.
+  virtual std::unique_ptr<CommEngine> create(const BackendRequest& request) const = 0;
+  // Classifies the text of an exception c10d left on a work or threw:
+  // timeout, peer_lost, or backend_error. c10d reports failures as message
+  // text only, and its wording is the release's, so the reading is the
+  // adapter's. Never throws.
+  virtual Errc classify_failure(const std::string& text) const noexcept = 0;
 };
 
 }  // namespace keel::internal
