@@ -14,8 +14,7 @@
 
 namespace keel {
 inline namespace v1 {
-namespace comm {
-namespace detail {
+namespace comm::detail {
 
 using internal::comm_detail::list_ranks;
 
@@ -194,7 +193,6 @@ result<void> check_metadata(GroupState& g, std::uint64_t seq, const std::string&
       absl::StrCat("keel::comm: ", what, ": the ranks disagree (checked mode): ", mismatch));
 }
 
-}  // namespace detail
-}  // namespace comm
+}  // namespace comm::detail
 }  // namespace v1
 }  // namespace keel

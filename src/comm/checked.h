@@ -17,8 +17,7 @@
 
 namespace keel {
 inline namespace v1 {
-namespace comm {
-namespace detail {
+namespace comm::detail {
 
 // What one rank says of its call.
 struct Descriptor {
@@ -53,7 +52,6 @@ std::string disagreement(const std::vector<std::optional<Descriptor>>& all, int 
 result<void> check_metadata(GroupState& g, std::uint64_t seq, const std::string& what,
                             const Descriptor& mine, Clock::time_point deadline);
 
-}  // namespace detail
-}  // namespace comm
+}  // namespace comm::detail
 }  // namespace v1
 }  // namespace keel

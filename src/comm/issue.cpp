@@ -12,8 +12,7 @@
 
 namespace keel {
 inline namespace v1 {
-namespace comm {
-namespace detail {
+namespace comm::detail {
 
 namespace {
 
@@ -118,7 +117,6 @@ result<void> run_sync(result<Work> work) {
   return work.value().wait();
 }
 
-}  // namespace detail
-}  // namespace comm
+}  // namespace comm::detail
 }  // namespace v1
 }  // namespace keel

@@ -18,8 +18,7 @@
 
 namespace keel {
 inline namespace v1 {
-namespace comm {
-namespace detail {
+namespace comm::detail {
 
 // One operation as issue() takes it.
 struct Op {
@@ -49,7 +48,6 @@ result<Work> issue(const std::shared_ptr<GroupState>& g, Op op, const CallOption
 // Waits for `work` (the blocking form of every operation).
 result<void> run_sync(result<Work> work);
 
-}  // namespace detail
-}  // namespace comm
+}  // namespace comm::detail
 }  // namespace v1
 }  // namespace keel

@@ -31,8 +31,7 @@ void ignore_leak([[maybe_unused]] const void* object) {
 
 namespace keel {
 inline namespace v1 {
-namespace comm {
-namespace detail {
+namespace comm::detail {
 
 GroupState::~GroupState() {
   // A backend with work that never finished (a dead peer, a timeout, an
@@ -51,7 +50,6 @@ GroupState::~GroupState() {
   }
 }
 
-}  // namespace detail
-}  // namespace comm
+}  // namespace comm::detail
 }  // namespace v1
 }  // namespace keel

@@ -28,8 +28,7 @@
 
 namespace keel {
 inline namespace v1 {
-namespace comm {
-namespace detail {
+namespace comm::detail {
 
 using internal::comm_detail::FlightEntry;
 using internal::comm_detail::FlightRecorder;
@@ -147,7 +146,6 @@ struct Access {
   static Work work(std::shared_ptr<WorkState> state) { return Work(std::move(state)); }
 };
 
-}  // namespace detail
-}  // namespace comm
+}  // namespace comm::detail
 }  // namespace v1
 }  // namespace keel

@@ -8,8 +8,7 @@
 
 namespace keel {
 inline namespace v1 {
-namespace comm {
-namespace detail {
+namespace comm::detail {
 
 using internal::to_absl;
 
@@ -132,7 +131,6 @@ result<void> check_peer(const GroupState& g, std::string_view op, int peer, int 
   return success();
 }
 
-}  // namespace detail
-}  // namespace comm
+}  // namespace comm::detail
 }  // namespace v1
 }  // namespace keel

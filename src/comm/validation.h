@@ -16,8 +16,7 @@
 
 namespace keel {
 inline namespace v1 {
-namespace comm {
-namespace detail {
+namespace comm::detail {
 
 // "[2, 3]".
 std::string shape_text(const at::Tensor& t);
@@ -40,7 +39,6 @@ result<void> check_peer(const GroupState& g, std::string_view op, int peer, int 
 // avg is sum, then a division (Gloo has no AVG).
 c10d::ReduceOp to_c10d(ReduceOp op);
 
-}  // namespace detail
-}  // namespace comm
+}  // namespace comm::detail
 }  // namespace v1
 }  // namespace keel

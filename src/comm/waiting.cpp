@@ -17,8 +17,7 @@
 
 namespace keel {
 inline namespace v1 {
-namespace comm {
-namespace detail {
+namespace comm::detail {
 
 namespace {
 
@@ -241,7 +240,6 @@ result<void> wait_work(WorkState& w, Clock::time_point deadline) {
   }
 }
 
-}  // namespace detail
-}  // namespace comm
+}  // namespace comm::detail
 }  // namespace v1
 }  // namespace keel

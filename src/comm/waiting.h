@@ -13,8 +13,7 @@
 
 namespace keel {
 inline namespace v1 {
-namespace comm {
-namespace detail {
+namespace comm::detail {
 
 // "rank 2 stopped sending heartbeats 3100 ms ago; ..."
 std::string describe_lost(const GroupState& g, const std::vector<LostPeer>& lost);
@@ -34,7 +33,6 @@ Error fail_from_c10d(GroupState& g, std::uint64_t seq, const std::string& what,
 // Waits for `w` until `deadline`, in slices that watch the heartbeats.
 result<void> wait_work(WorkState& w, Clock::time_point deadline);
 
-}  // namespace detail
-}  // namespace comm
+}  // namespace comm::detail
 }  // namespace v1
 }  // namespace keel
