@@ -542,6 +542,7 @@ result<AttentionOutput> dispatch(const at::Tensor& q, const at::Tensor& k, const
   if (!computed) return computed.error();
   DispatchInfo info = std::move(selection).value().info;
   info.reason = absl::StrCat(info.reason, "; ", computed.value().path);
+  info.attention = computed.value().route;
   return AttentionOutput{std::move(computed.value().out), std::move(computed.value().lse),
                          std::move(info)};
 }

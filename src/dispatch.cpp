@@ -33,6 +33,24 @@ std::string_view to_string(Backend backend) noexcept {
   return "invalid";
 }
 
+std::string_view to_string(AttentionRoute route) noexcept {
+  switch (route) {
+    case AttentionRoute::none:
+      return "none";
+    case AttentionRoute::dense:
+      return "dense";
+    case AttentionRoute::block_sparse:
+      return "block_sparse";
+    case AttentionRoute::decode:
+      return "decode";
+    case AttentionRoute::paged:
+      return "paged";
+    case AttentionRoute::gathered_paged:
+      return "gathered_paged";
+  }
+  return "invalid";
+}
+
 result<Backend> parse_backend(std::string_view text) {
   const absl::string_view name = absl::StripAsciiWhitespace(internal::to_absl(text));
   if (name == "auto") return Backend::automatic;
@@ -85,9 +103,10 @@ result<Request> resolve_request(const DispatchOptions& options) {
 
 namespace {
 
-DispatchInfo make_info(const char* adapter, const Request& request, std::string reason) {
+DispatchInfo make_info(Backend served, const Request& request, std::string reason) {
   DispatchInfo info;
-  info.adapter = adapter;
+  info.adapter = std::string(to_string(served));
+  info.served = served;
   info.requested = request.backend;
   info.requested_by = request.source;
   info.reason = std::move(reason);
@@ -109,22 +128,23 @@ result<DispatchInfo> choose(std::string_view op, const Request& request, const C
   switch (request.backend) {
     case Backend::native:
       if (native_serves)
-        return make_info("native", request, "native requested, and it serves the call");
+        return make_info(Backend::native, request, "native requested, and it serves the call");
       return Error(Errc::unsupported,
                    absl::StrCat(to_absl(op), ": native requested (by ", request.source, "), but ",
                                 native_unavailable()));
     case Backend::compat:
       if (compat.has_kernel && compat.support.ok) {
-        return make_info("compat", request, "compat requested");
+        return make_info(Backend::compat, request, "compat requested");
       }
       return Error(Errc::unsupported,
                    absl::StrCat(to_absl(op), ": compat requested (by ", request.source, "), but ",
                                 compat.has_kernel ? compat.support.reason
                                                   : "the compat adapter does not offer it"));
     default:
-      if (native_serves) return make_info("native", request, "auto: native serves the whole call");
+      if (native_serves)
+        return make_info(Backend::native, request, "auto: native serves the whole call");
       if (compat.has_kernel && compat.support.ok) {
-        return make_info("compat", request, absl::StrCat("auto: ", native_unavailable()));
+        return make_info(Backend::compat, request, absl::StrCat("auto: ", native_unavailable()));
       }
       return Error(
           Errc::unsupported,

@@ -65,7 +65,7 @@ result<Selection<Kernel>> select(const Registry& registry, std::string_view oper
   auto info = decide(operation, request, compat, native);
   if (!info) return info.error();
   Selection<Kernel> selection;
-  selection.kernel = info.value().adapter == "native" ? native_kernel : compat_kernel;
+  selection.kernel = info.value().served == Backend::native ? native_kernel : compat_kernel;
   selection.info = std::move(info).value();
   return selection;
 }

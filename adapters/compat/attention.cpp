@@ -37,6 +37,7 @@ internal::AttentionResult gathered_paged_route(const internal::AttentionCall& ca
   std::vector<at::Tensor> outs;
   std::vector<at::Tensor> lses;
   std::string path;
+  AttentionDispatch route;
   for (std::int64_t b = 0; b < batch; ++b) {
     const auto len = lengths[b].item<std::int64_t>();
     const at::Tensor ids = table[b].narrow(0, 0, compat::block_count(len, page_size));
@@ -48,12 +49,15 @@ internal::AttentionResult gathered_paged_route(const internal::AttentionCall& ca
     outs.push_back(std::move(one.out));
     if (call.spec.return_lse) lses.push_back(std::move(one.lse));
     if (b == 0) path = std::move(one.path);
+    if (b == 0) route = one.route;
   }
   internal::AttentionResult r;
   r.out = at::cat(outs, 0);
   if (call.spec.return_lse) r.lse = at::cat(lses, 0);
   r.path =
       absl::StrCat("gathered each sequence's pages (off the CPU), then, for sequence 0, ", path);
+  r.route = route;
+  r.route.route = AttentionRoute::gathered_paged;
   return r;
 }
 
@@ -77,6 +81,7 @@ internal::AttentionResult compat_attention_route(const internal::AttentionCall& 
       "time; each kv head once per block of ",
       compat::kDecodeMaxQueries,
       " queries; fraction of the sequences' keys read: ", d.visible_fraction, ")");
+  r.route = {AttentionRoute::paged, -1, d.visible_fraction};
   return r;
 }
 
@@ -92,12 +97,14 @@ internal::AttentionResult contiguous_route(const internal::AttentionCall& call) 
                           ": each kv head read once for its query group, only the visible keys; "
                           "fraction of the cache read per block of queries: ",
                           d.visible_fraction, ")");
+    r.route = {AttentionRoute::decode, -1, d.visible_fraction};
     return r;
   }
   const std::string refusal = compat::sdpa_refusal(call.q, call.k, call.v, call.spec);
   if (refusal.empty()) {
     r.out = compat::sdpa_attention(call.q, call.k, call.v, call.spec, call.scale);
     r.path = "ran at::scaled_dot_product_attention (a dense call it computes exactly)";
+    r.route = {AttentionRoute::dense, -1, 1.0};
     return r;
   }
   compat::BlockSparseResult b =
@@ -111,6 +118,7 @@ internal::AttentionResult contiguous_route(const internal::AttentionCall& call) 
                          " call(s) of at::_scaled_dot_product_flash_attention_for_cpu");
   r.path = absl::StrCat("ran compat::block_sparse_attention (", engine, "), not SDPA, because ",
                         refusal, " (fraction of scores computed: ", b.visible_fraction, ")");
+  r.route = {AttentionRoute::block_sparse, b.kernel_calls, b.visible_fraction};
   return r;
 }
 

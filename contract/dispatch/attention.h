@@ -24,11 +24,13 @@ struct AttentionCall {
   const PagedKVCache* paged = nullptr;
 };
 
-// What a kernel computed, and which path inside the adapter computed it.
+// What a kernel computed, and which path inside the adapter computed it:
+// `path` in words for DispatchInfo::reason, `route` as values.
 struct AttentionResult {
   at::Tensor out;
   at::Tensor lse;  // defined when spec.return_lse
   std::string path;
+  AttentionDispatch route;
 };
 
 class AttentionKernel {

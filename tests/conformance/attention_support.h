@@ -99,7 +99,10 @@ inline void expect_within_rule(const Qkv& x, const AttentionSpec& spec, const At
 // gqa4_2_lq16_window_ev_ne_e, which 1, 2 and 4 threads otherwise give
 // alike); MKL_NUM_THREADS=1, MKL_CBWR=COMPATIBLE and MALLOC_PERTURB_ do
 // not remove it; nor do MKL_DYNAMIC=FALSE and OMP_DYNAMIC=FALSE (2 of 12
-// rounds of 352 tests still failed, 2026-12-04). One process alone beside
+// rounds of 352 tests still failed, 2026-12-04); nor does MKL's own
+// threading: with MKL_Set_Num_Threads_Local(1) after at::set_num_threads(2)
+// (ATen sets mkl_set_dynamic(false) itself), the same case still failed 2 of
+// 153 runs (2026-12-05). One process alone beside
 // three busy loops gave 0 failures in 50 runs: the trigger is not CPU
 // load alone. KEEL_TEST_THREADS=N runs these suites on N threads, to
 // reproduce it.

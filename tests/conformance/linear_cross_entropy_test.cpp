@@ -163,7 +163,7 @@ void check_option_table_in_float32(Backend backend, std::int64_t vocab_chunk) {
     if (o.bias.defined()) o.bias.requires_grad_(true);
     auto r = linear_cross_entropy(h, w, in.target, o);
     ASSERT_TRUE(r) << r.error().to_string();
-    EXPECT_EQ(r.value().dispatch.adapter, "compat");
+    EXPECT_EQ(r.value().dispatch.served, Backend::compat);
     const at::Tensor loss = r.value().loss;
     ASSERT_EQ(loss.scalar_type(), at::kFloat);
 
@@ -884,7 +884,7 @@ TEST(LinearCrossEntropyDispatch, NativeDeclinesWithTheReasonAndAutoRunsCompat) {
   o.dispatch.backend = Backend::automatic;
   auto automatic = linear_cross_entropy(h, w, y, o);
   ASSERT_TRUE(automatic) << automatic.error().to_string();
-  EXPECT_EQ(automatic.value().dispatch.adapter, "compat");
+  EXPECT_EQ(automatic.value().dispatch.served, Backend::compat);
   o.dispatch.backend = Backend::native;
   auto native = linear_cross_entropy(h, w, y, o);
   ASSERT_FALSE(native);

@@ -91,7 +91,8 @@ TEST(Dispatcher, AutoPicksNativeWhenItServesTheWholeCall) {
   auto s = f.select_for(Backend::automatic);
   ASSERT_TRUE(s) << s.error().to_string();
   EXPECT_EQ(s.value().kernel, f.native->logsumexp());
-  EXPECT_EQ(s.value().info.adapter, "native");
+  EXPECT_EQ(s.value().info.served, Backend::native);
+  EXPECT_EQ(s.value().info.adapter, to_string(s.value().info.served));
   EXPECT_EQ(s.value().info.requested, Backend::automatic);
 }
 
@@ -100,7 +101,7 @@ TEST(Dispatcher, AutoFallsBackToCompatAndSaysWhy) {
   auto s = f.select_for(Backend::automatic);
   ASSERT_TRUE(s) << s.error().to_string();
   EXPECT_EQ(s.value().kernel, f.compat->logsumexp());
-  EXPECT_EQ(s.value().info.adapter, "compat");
+  EXPECT_EQ(s.value().info.served, Backend::compat);
   EXPECT_NE(s.value().info.reason.find("the fake declines"), std::string::npos);
 }
 
@@ -108,7 +109,7 @@ TEST(Dispatcher, AutoWithoutNativeAdapterServesCompat) {
   Fixture f(false, false);
   auto s = f.select_for(Backend::automatic);
   ASSERT_TRUE(s);
-  EXPECT_EQ(s.value().info.adapter, "compat");
+  EXPECT_EQ(s.value().info.served, Backend::compat);
   EXPECT_NE(s.value().info.reason.find("no native adapter"), std::string::npos);
 }
 
@@ -134,7 +135,7 @@ TEST(Dispatcher, CompatRequestNeverAsksNative) {
   Fixture f(true, true);
   auto s = f.select_for(Backend::compat);
   ASSERT_TRUE(s);
-  EXPECT_EQ(s.value().info.adapter, "compat");
+  EXPECT_EQ(s.value().info.served, Backend::compat);
   EXPECT_EQ(f.native->kernel().asked, 0);
 }
 
@@ -203,7 +204,7 @@ TEST(BuiltinDispatch, EnvironmentSwitchesTheAdapterWithoutRebuild) {
     ScopedEnv env("KEEL_BACKEND", "compat");
     auto r = logsumexp(at::zeros({2, 2}));
     ASSERT_TRUE(r);
-    EXPECT_EQ(r.value().dispatch.adapter, "compat");
+    EXPECT_EQ(r.value().dispatch.served, Backend::compat);
     EXPECT_EQ(r.value().dispatch.requested_by, "KEEL_BACKEND");
   }
   {
@@ -217,7 +218,7 @@ TEST(BuiltinDispatch, EnvironmentSwitchesTheAdapterWithoutRebuild) {
   ScopedEnv env("KEEL_BACKEND", nullptr);
   auto r = logsumexp(at::zeros({2, 2}));
   ASSERT_TRUE(r);
-  EXPECT_EQ(r.value().dispatch.adapter, has_native ? "native" : "compat");
+  EXPECT_EQ(r.value().dispatch.served, has_native ? Backend::native : Backend::compat);
 }
 
 TEST(BuiltinDispatch, KeelLogDispatchLogsEachDecision) {

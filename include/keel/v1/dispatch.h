@@ -71,6 +71,43 @@ struct DispatchOptions {
   Backend backend = Backend::unset;
 };
 
+/// How keel's compat adapter ran an attention call
+/// (`DispatchInfo::attention`).
+enum class AttentionRoute : std::uint8_t {
+  /// Not an attention call, or an adapter that does not say.
+  none = 0,
+  /// `at::scaled_dot_product_attention`: a dense call it computes exactly.
+  dense,
+  /// keel's block-sparse route: libtorch's CPU flash kernel once per range
+  /// of visible key blocks, merged by log-sum-exp (or, off the CPU, its tile
+  /// loop on ATen ops).
+  block_sparse,
+  /// keel's decode and chunked-prefill route (few queries against a cache):
+  /// each kv head read once for its query group, only the visible keys.
+  decode,
+  /// A paged KV cache on the CPU: pages read where they lie.
+  paged,
+  /// A paged KV cache off the CPU: each sequence's pages gathered, then the
+  /// contiguous route.
+  gathered_paged,
+};
+
+/// "none", "dense", "block_sparse", "decode", "paged" or "gathered_paged".
+KEEL_API std::string_view to_string(AttentionRoute route) noexcept;
+
+/// What an attention call computed, as values (the same facts
+/// `DispatchInfo::reason` puts in words).
+struct AttentionDispatch {
+  /// The route that ran.
+  AttentionRoute route = AttentionRoute::none;
+  /// Calls of libtorch's CPU flash kernel the block_sparse route made; -1
+  /// when it ran its tile loop instead, and for every other route.
+  std::int64_t flash_kernel_calls = -1;
+  /// The fraction of the scores computed (block_sparse) or of the cache's
+  /// keys read (decode, paged); 1 for dense.
+  double visible_fraction = 1.0;
+};
+
 /// Which adapter served a call, and why.
 struct DispatchInfo {
   /// The adapter's name: "compat" or "native".
@@ -81,7 +118,14 @@ struct DispatchInfo {
   /// or "built-in default".
   std::string requested_by;
   /// Why this adapter, in a sentence (e.g. why native was passed over).
+  /// For people: code reads `served` and `attention`, never this text.
   std::string reason;
+  /// The adapter that served: `Backend::compat` or `Backend::native` (the
+  /// typed form of `adapter`). Since 0.6.0.
+  Backend served = Backend::compat;
+  /// How an attention call ran; `route` is `none` for other operations.
+  /// Since 0.6.0.
+  AttentionDispatch attention;
 };
 
 }  // namespace v1
