@@ -1,16 +1,7 @@
 /// @file keel/keel.h
 /// @brief The one header a keel user includes.
 ///
-/// @code
-///   #include <keel/keel.h>
-///
-///   int main() {
-///     std::cout << "keel " << keel::version() << " on torch "
-///               << keel::build_info().torch_version << "\n";
-///     auto r = keel::logsumexp(at::randn({2, 8}));
-///     return r ? 0 : 1;
-///   }
-/// @endcode
+/// @snippet examples/snippets/header_snippets.cpp keel_h
 ///
 /// Everything public lives in `keel::v1`, an inline namespace: write
 /// `keel::logsumexp`, and the stable v1 name is what you get.

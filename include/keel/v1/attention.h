@@ -9,19 +9,7 @@
 /// masks run on keel's block-sparse kernel, which skips key blocks that a
 /// query block cannot see, so that its cost follows the visible fraction.
 ///
-/// @code
-///   at::Tensor q = at::randn({1, 8, 1024, 64});  // [B, Hq, Lq, E]
-///   at::Tensor k = at::randn({1, 2, 1024, 64});  // [B, Hkv, Lk, E]: 4 query heads per kv head
-///   at::Tensor v = at::randn({1, 2, 1024, 64});  // [B, Hkv, Lk, Ev]
-///   keel::AttentionSpec spec;
-///   spec.masks = {keel::Mask::sliding_window(256, 0)};  // a causal window of 257 keys
-///   spec.return_lse = true;
-///   keel::result<keel::AttentionOutput> r = keel::attention(q, k, v, spec);
-///   if (!r) { std::cerr << r.error().to_string() << "\n"; return; }
-///   at::Tensor out = r.value().out;              // [1, 8, 1024, 64], q's dtype
-///   at::Tensor lse = r.value().lse;              // [1, 8, 1024], float32
-///   std::cout << r.value().dispatch.reason;      // which path ran, and why
-/// @endcode
+/// @snippet examples/snippets/header_snippets.cpp attention_window
 ///
 /// Semantics every adapter keeps, and traps:
 /// - The score of query i and key j is `s = scale * <q_i, k_j>`; then, when
@@ -242,20 +230,7 @@ struct PagedKVCache {
 /// q, the pages or `bias` (call it under `at::NoGradGuard` or with tensors
 /// that do not require grad).
 ///
-/// @code
-///   // 2 sequences of 40 and 3 keys over a pool of 8 pages of 16 keys.
-///   at::Tensor q = at::randn({2, 32, 1, 128});  // one decode step, 32 query heads
-///   keel::PagedKVCache cache;
-///   cache.k_pages = at::randn({8, 8, 16, 128});  // 8 kv heads
-///   cache.v_pages = at::randn({8, 8, 16, 128});
-///   cache.page_table = at::tensor({5, 2, 7, 0, 0, 0}, at::kInt).view({2, 3});
-///   cache.lengths = at::tensor({40, 3}, at::kInt);
-///   keel::AttentionSpec spec;
-///   spec.masks = {keel::Mask::causal(keel::CausalAlignment::bottom_right)};
-///   keel::result<keel::AttentionOutput> r = keel::attention(q, cache, spec);
-///   if (!r) { std::cerr << r.error().to_string() << "\n"; return; }
-///   at::Tensor out = r.value().out;  // [2, 32, 1, 128]
-/// @endcode
+/// @snippet examples/snippets/header_snippets.cpp attention_paged
 ///
 /// Errors: `invalid_argument` naming the field for a bad shape, dtype,
 /// device, page id or length (never a read out of bounds), `unsupported` as

@@ -2,11 +2,7 @@
 /// @brief What this keel library is: its version, the libtorch it was built
 /// against, and the adapters and capabilities compiled in.
 ///
-/// @code
-///   const keel::BuildInfo& info = keel::build_info();
-///   std::cout << "keel " << info.keel_version << " on torch " << info.torch_version << "\n";
-///   for (const keel::AdapterInfo& a : info.adapters) std::cout << a.name << "\n";
-/// @endcode
+/// @snippet examples/snippets/header_snippets.cpp build_info
 ///
 /// `keel-info` prints the same as text or JSON.
 #pragma once

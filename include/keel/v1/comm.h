@@ -7,17 +7,7 @@
 /// NCCL for CUDA tensors (in a CUDA build). It rendezvouses as torchrun and
 /// Slurm expect, so a service runs unchanged under either.
 ///
-/// @code
-///   // Under torchrun: MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE are set.
-///   keel::result<keel::comm::Communicator> made = keel::comm::Communicator::create();
-///   if (!made) { std::cerr << made.error().to_string() << "\n"; return 1; }
-///   keel::comm::Communicator& comm = made.value();
-///   at::Tensor grad = at::ones({1024});
-///   keel::result<void> r = comm.all_reduce(grad, keel::comm::ReduceOp::avg);
-///   if (!r && r.error().code() == keel::Errc::peer_lost) {
-///     auto again = comm.reform();   // the survivors continue as a new group
-///   }
-/// @endcode
+/// @snippet examples/snippets/header_snippets.cpp comm_all_reduce
 ///
 /// Faults are bounded and named:
 /// - Every wait ends: by completion, by the call's timeout (`Errc::timeout`),
@@ -337,14 +327,7 @@ class KEEL_API Communicator {
   /// never take a seat in, or send into, the newer group. The same holds
   /// when a replacement took its seat: each seat belongs to one process.
   ///
-  /// @code
-  ///   // A supervisor restarts the dead rank with CommOptions::rejoin = true.
-  ///   keel::comm::ReformOptions grow;
-  ///   grow.wait_for_replacements = true;
-  ///   grow.timeout = std::chrono::seconds(60);
-  ///   auto full = comm.reform(grow);
-  ///   if (!full && full.error().code() == keel::Errc::timeout) full = comm.reform();
-  /// @endcode
+  /// @snippet examples/snippets/header_snippets.cpp comm_grow_back
   result<Communicator> reform(const ReformOptions& options = {}) const;
 
   /// Aborts the group: pending and later operations return

@@ -12,19 +12,7 @@
 /// Python's `safetensors`; `keel-compat diff` reads it too), the same
 /// tolerance policy (docs/compat.md) and the same report writers.
 ///
-/// @code
-///   keel::compat::Case c;
-///   c.id = "decode/step0";
-///   c.inputs["x"] = at::randn({4, 8}, at::kDouble);
-///   auto model = [](const keel::compat::Case& c) -> keel::result<keel::compat::Tensors> {
-///     return keel::compat::Tensors{{"y", c.inputs.at("x").exp()}};
-///   };
-///   // On the old build:
-///   keel::result<void> rec = keel::compat::record("golden.safetensors", {c}, model);
-///   // On the new build:
-///   keel::result<keel::compat::Report> r = keel::compat::compare("golden.safetensors", model);
-///   if (r && !r.value().ok()) std::cerr << keel::compat::to_text(r.value());
-/// @endcode
+/// @snippet examples/snippets/header_snippets.cpp compat
 ///
 /// Measuring peak memory installs a counting wrapper around libtorch's CPU
 /// allocator on the first `record()` or `compare()`, for the rest of the

@@ -18,12 +18,7 @@
 /// unknown `KEEL_BACKEND` value is an `Errc::invalid_argument` error that
 /// lists the valid ones.
 ///
-/// @code
-///   keel::LogsumexpOptions options;
-///   options.dispatch.backend = keel::Backend::compat;  // this call only
-///   auto r = keel::logsumexp(x, options);
-///   if (r) std::cout << r.value().dispatch.adapter << ": " << r.value().dispatch.reason;
-/// @endcode
+/// @snippet examples/snippets/header_snippets.cpp dispatch_per_call
 ///
 /// Setting `KEEL_LOG=dispatch` logs every decision (one line each, to
 /// stderr).

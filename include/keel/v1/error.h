@@ -5,14 +5,7 @@
 /// or a `keel::Error` whose message names the call, the argument, what was
 /// expected and what was given. keel never aborts the process on bad input.
 ///
-/// @code
-///   keel::result<keel::LogsumexpOutput> r = keel::logsumexp(x);
-///   if (!r) {
-///     std::cerr << r.error().to_string() << "\n";  // "invalid_argument: ..."
-///     return;
-///   }
-///   at::Tensor lse = r.value().value;
-/// @endcode
+/// @snippet examples/snippets/header_snippets.cpp error_handling
 ///
 /// Callers who prefer exceptions call `.value()` directly: on an error it
 /// throws `keel::BadResultAccess`, which carries the `keel::Error`.

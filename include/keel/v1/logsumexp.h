@@ -7,15 +7,7 @@
 /// the smallest operation served by every adapter, so it is also the place
 /// to see dispatch at work.
 ///
-/// @code
-///   at::Tensor x = at::randn({4, 1000});
-///   keel::LogsumexpOptions options;
-///   options.mask = x > 0;                     // keep only the positive entries
-///   keel::result<keel::LogsumexpOutput> r = keel::logsumexp(x, options);
-///   if (!r) { std::cerr << r.error().to_string() << "\n"; return; }
-///   at::Tensor lse = r.value().value;         // [4], float32
-///   std::cout << r.value().dispatch.adapter;  // "compat": native has no mask
-/// @endcode
+/// @snippet examples/snippets/header_snippets.cpp logsumexp_masked
 ///
 /// Semantics every adapter keeps:
 /// - A row whose entries are all masked out, or all -inf, gives -inf (never

@@ -14,17 +14,7 @@
 /// reduction=reduction)`, plus the optional logit soft-capping and z-loss
 /// described on `LinearCrossEntropyOptions`.
 ///
-/// @code
-///   at::Tensor hidden = at::randn({8, 64}).requires_grad_(true);   // [N, D]
-///   at::Tensor weight = at::randn({1000, 64}).requires_grad_(true); // [V, D]
-///   at::Tensor target = at::randint(0, 1000, {8}, at::kLong);       // [N]
-///   keel::LinearCrossEntropyOptions options;
-///   options.label_smoothing = 0.1;
-///   keel::result<keel::LossOutput> r =
-///       keel::linear_cross_entropy(hidden, weight, target, options);
-///   if (!r) { std::cerr << r.error().to_string() << "\n"; return; }
-///   r.value().loss.backward();  // fills hidden.grad() and weight.grad()
-/// @endcode
+/// @snippet examples/snippets/header_snippets.cpp loss
 ///
 /// Traps:
 /// - With `Reduction::mean`, a call whose targets are all `ignore_index`
