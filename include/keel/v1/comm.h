@@ -37,6 +37,13 @@
 /// - Operations work in place on the tensors given; after a failure their
 ///   contents are unspecified.
 /// - `ReduceOp::avg` needs a floating dtype (keel sums, then divides).
+/// - Every tensor a collective or send/recv takes must be defined, dense
+///   (not sparse or quantized), contiguous and on the communicator's device
+///   (`CommOptions::device`); anything else is `invalid_argument` naming the
+///   argument, before anything is sent. A non-contiguous view is refused,
+///   not copied: call `.contiguous()` and copy back, so that in-place
+///   results land where you expect. Outputs have the input's dtype and the
+///   shape each operation states.
 /// - A `Communicator` is a shared handle: copies refer to the same group.
 ///   Calls on one group are serialised; groups are independent, so a
 ///   dedicated group runs concurrently with its parent.

@@ -30,22 +30,36 @@ namespace keel {
 inline namespace v1 {
 
 /// What went wrong, as a stable code a program can branch on.
+///
+/// Later minor versions may add codes: a `switch` over `Errc` keeps a
+/// `default:` (treat an unknown code as `backend_error`).
 enum class Errc : std::uint8_t {
   /// The call's arguments are wrong: shape, dtype, device, range or option.
+  /// What to do: fix the input; retrying the same call fails the same way.
   invalid_argument = 1,
   /// The call is valid, but no adapter in this build can serve it.
+  /// What to do: ask another adapter (`DispatchOptions::backend`), or a
+  /// build that has it (the message says what is missing).
   unsupported,
   /// A bounded wait ran out before the operation completed.
+  /// What to do: a collective's communicator is aborted, so `reform()`;
+  /// elsewhere (creation, a store) retry, perhaps with a longer timeout.
   timeout,
   /// A peer of a collective died or left; the message names its rank.
+  /// What to do: `reform()` with the survivors (or wait for a replacement
+  /// with `ReformOptions::wait_for_replacements`).
   peer_lost,
   /// The communicator or operation was aborted.
+  /// What to do: stop using that communicator; `reform()` makes a new one.
   aborted,
   /// libtorch (or a library below it) failed while serving a valid call.
+  /// What to do: report it with the message; retrying rarely helps.
   backend_error,
   /// Reading or writing a file or socket failed.
+  /// What to do: check the path, permissions or space; retry may help.
   io_error,
   /// Stored data is truncated, corrupt or not in the expected format.
+  /// What to do: record the file again; retrying reads the same bytes.
   corrupt_data,
 };
 

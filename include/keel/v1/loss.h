@@ -74,11 +74,11 @@ enum class Reduction : std::uint8_t {
 /// `hidden` and `weight` in the accumulation dtype, `(N + V) * D` elements
 /// (memory a training step holds anyway), and at least this constant. So a
 /// step's peak stays within 9/8 of its gradients plus per-token vectors,
-/// while the chunks stay tall enough for the GEMMs to run near full speed:
-/// at N = 4096, D = 1024, V = 32768 in float32 the budget is 18 MiB (144
-/// whole rows), and peak memory is 0.105 of the naive loss's at 0.92-1.07
-/// of its time; 8 MiB would give 0.099 at 1.19-1.30 (docs/benchmarks.md). Set
-/// `chunk_budget_bytes` to trade one for the other.
+/// while the chunks stay tall enough for the GEMMs to run near full speed
+/// (at N = 4096, D = 1024, V = 32768 in float32 the budget is 18 MiB, 144
+/// whole rows; what that costs and saves against the naive loss is measured
+/// in docs/benchmarks.md). Set `chunk_budget_bytes` to trade one for the
+/// other.
 ///
 /// The working set is one `[tokens, classes]` block in the accumulation
 /// dtype, reused in place for the logits, their exponentials and their
