@@ -237,7 +237,7 @@ result<Communicator> Communicator::create(const CommOptions& options) {
 
   // One bound for reaching the store and the arrival of every rank.
   const auto deadline = Clock::now() + options.timeout;
-  auto store = internal::comm_detail::open_store(w->plan, options.timeout, deadline);
+  auto store = internal::comm_detail::open_store(w->plan, options.timeout, deadline, *w->kernel);
   if (!store) return store.error();
   w->store = std::move(store).value();
   if (options.rejoin) {

@@ -206,7 +206,8 @@ bool accepts_by(const std::string& host, int port, Clock::time_point deadline) {
 
 result<c10::intrusive_ptr<c10d::Store>> open_store(const RendezvousPlan& plan,
                                                    std::chrono::milliseconds timeout,
-                                                   Clock::time_point deadline) {
+                                                   Clock::time_point deadline,
+                                                   const internal::CommKernel& kernel) {
   const bool connects =
       plan.kind == RendezvousPlan::Kind::tcp && (plan.rank != 0 || plan.external_store);
   if (connects && !accepts_by(plan.host, plan.port, deadline)) {
@@ -232,7 +233,7 @@ result<c10::intrusive_ptr<c10d::Store>> open_store(const RendezvousPlan& plan,
     return made;
   }
   const std::string& why = made.error().message();
-  const bool timed_out = absl::StrContains(why, "imed out") || absl::StrContains(why, "timeout");
+  const bool timed_out = kernel.classify_failure(why) == Errc::timeout;
   const std::string where =
       plan.kind == RendezvousPlan::Kind::file ? plan.path : absl::StrCat(plan.host, ":", plan.port);
   const std::string& who = plan.store_owner;

@@ -8,6 +8,7 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "dispatch/comm.h"
 #include "keel/v1/comm.h"
 #include "keel/v1/error.h"
 
@@ -37,10 +38,12 @@ result<RendezvousPlan> plan_rendezvous(const comm::CommOptions& options);
 // `timeout` becomes the store's own timeout. A rank that connects waits for
 // the host's port to accept by itself, so that an address nobody serves
 // is a timeout at the deadline (c10d's own connect loop overshoots it by
-// seconds).
+// seconds). c10d's failure is read by `kernel` (its wording is the
+// release's).
 result<c10::intrusive_ptr<c10d::Store>> open_store(const RendezvousPlan& plan,
                                                    std::chrono::milliseconds timeout,
-                                                   std::chrono::steady_clock::time_point deadline);
+                                                   std::chrono::steady_clock::time_point deadline,
+                                                   const internal::CommKernel& kernel);
 
 // The address Gloo should bind: loopback when the store is on loopback (a
 // single machine), else empty (Gloo resolves the host name).
