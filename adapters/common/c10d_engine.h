@@ -38,20 +38,27 @@ class BackendEngine : public internal::CommEngine {
   c10::intrusive_ptr<c10d::Backend> backend_;
 };
 
-// A comm kernel whose engine calls c10d::Backend itself (no ProcessGroup):
-// serves the backends this build has, and wraps each in an `Engine`.
-template <class Engine>
-class BackendComm final : public internal::CommKernel {
+// What every c10d comm kernel shares: it serves the backends this build
+// has and reads c10d's failures as Gloo and NCCL word them. A kernel adds
+// only create().
+class C10dComm : public internal::CommKernel {
  public:
   internal::Support supports(const internal::CommCall& call) const override {
     return internal::backend_available(call.backend);
   }
+  Errc classify_failure(const std::string& text) const noexcept override {
+    return internal::classify_c10d_failure(text);
+  }
+};
+
+// A comm kernel whose engine calls c10d::Backend itself (no ProcessGroup):
+// wraps each backend in an `Engine`.
+template <class Engine>
+class BackendComm final : public C10dComm {
+ public:
   std::unique_ptr<internal::CommEngine> create(
       const internal::BackendRequest& request) const override {
     return std::make_unique<Engine>(internal::make_backend(request));
-  }
-  Errc classify_failure(const std::string& text) const noexcept override {
-    return internal::classify_c10d_failure(text);
   }
 };
 

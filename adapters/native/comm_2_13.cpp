@@ -57,18 +57,12 @@ class ProcessGroupEngine final : public BackendEngine {
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
 };
 
-class NativeComm final : public internal::CommKernel {
+class NativeComm final : public C10dComm {
  public:
-  internal::Support supports(const internal::CommCall& call) const override {
-    return internal::backend_available(call.backend);
-  }
   std::unique_ptr<internal::CommEngine> create(
       const internal::BackendRequest& request) const override {
     return std::make_unique<ProcessGroupEngine>(internal::make_backend(request), request.store,
                                                 request.rank, request.size);
-  }
-  Errc classify_failure(const std::string& text) const noexcept override {
-    return internal::classify_c10d_failure(text);
   }
 };
 
