@@ -9,6 +9,8 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "accumulation.h"
+
 namespace keel::compat {
 namespace {
 
@@ -702,7 +704,7 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
 
 at::ScalarType accumulation_dtype(at::ScalarType input, const LinearCrossEntropyConfig& config) {
   if (config.accumulation != at::ScalarType::Undefined) return config.accumulation;
-  return input == at::kDouble ? at::kDouble : at::kFloat;
+  return accumulation_dtype(input);
 }
 
 namespace {

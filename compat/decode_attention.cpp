@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include "accumulation.h"
 #include "attention_mask.h"
 #include "row_softmax.h"
 
@@ -339,7 +340,7 @@ class Attend {
          std::function<at::Tensor()> nothing)
       : q_(q),
         nothing_(std::move(nothing)),
-        acc_(q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat),
+        acc_(accumulation_dtype(q.scalar_type())),
         q_heads_(q.size(1)),
         q_len_(q.size(2)),
         kv_heads_(kv_heads),

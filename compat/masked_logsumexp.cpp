@@ -4,16 +4,14 @@
 
 #include <ATen/ATen.h>
 
-namespace keel::compat {
+#include "accumulation.h"
 
-at::ScalarType accumulation_dtype(const at::Tensor& input) {
-  return input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-}
+namespace keel::compat {
 
 at::Tensor masked_logsumexp(const at::Tensor& input, const at::Tensor& mask, std::int64_t dim,
                             bool keepdim) {
   constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
-  at::Tensor x = input.to(accumulation_dtype(input));
+  at::Tensor x = input.to(accumulation_dtype(input.scalar_type()));
   if (mask.defined()) x = x.masked_fill(mask.logical_not(), kMinusInf);
   // The shift by the row maximum keeps exp() from overflowing; it does not
   // change the value, so it carries no gradient. A row with no finite

@@ -14,7 +14,4 @@ namespace keel::compat {
 at::Tensor masked_logsumexp(const at::Tensor& input, const at::Tensor& mask, std::int64_t dim,
                             bool keepdim);
 
-// The dtype keel accumulates `input` in: float64 for float64, else float32.
-at::ScalarType accumulation_dtype(const at::Tensor& input);
-
 }  // namespace keel::compat

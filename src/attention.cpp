@@ -15,7 +15,9 @@
 
 #include "dispatch/attention.h"
 #include "dispatcher.h"
+#include "dtype_name.h"
 #include "guard.h"
+#include "validate.h"
 
 namespace keel {
 inline namespace v1 {
@@ -85,18 +87,6 @@ namespace {
 
 constexpr const char* kOp = "attention";
 
-std::string shape_of(const at::Tensor& t) {
-  return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]");
-}
-
-Error invalid(const std::string& message) {
-  return {Errc::invalid_argument, absl::StrCat("attention: ", message)};
-}
-
-bool is_float(at::ScalarType t) {
-  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
-}
-
 bool is_integer(at::ScalarType t) {
   return at::isIntegralType(t, /*includeBool=*/false);
 }
@@ -107,11 +97,7 @@ struct Dims {
 };
 
 result<void> check_device(const char* name, const at::Tensor& t, const at::Tensor& q) {
-  if (t.device() != q.device()) {
-    return invalid(
-        absl::StrCat(name, " is on ", t.device().str(), " but query is on ", q.device().str()));
-  }
-  return success();
+  return internal::check_same_device(kOp, name, t, "query", q);
 }
 
 // An integer tensor of exactly `shape`, on q's device.
@@ -120,16 +106,16 @@ result<void> check_index_tensor(const char* name, const at::Tensor& t,
                                 const at::Tensor& q) {
   const std::string want = absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
   if (!t.defined()) {
-    return invalid(
-        absl::StrCat(name, " is undefined; expected an integer tensor ", want, " (", meaning, ")"));
+    return internal::invalid(kOp, absl::StrCat(name, " is undefined; expected an integer tensor ",
+                                               want, " (", meaning, ")"));
   }
   if (!is_integer(t.scalar_type())) {
-    return invalid(absl::StrCat(name, " has dtype ", c10::toString(t.scalar_type()),
-                                "; expected an integer dtype (", meaning, ")"));
+    return internal::invalid(kOp, absl::StrCat(name, " has dtype ", internal::dtype_name(t),
+                                               "; expected an integer dtype (", meaning, ")"));
   }
   if (t.sizes() != at::IntArrayRef(shape)) {
-    return invalid(
-        absl::StrCat(name, " has shape ", shape_of(t), "; expected ", want, " (", meaning, ")"));
+    return internal::invalid(kOp, absl::StrCat(name, " has shape ", internal::shape_text(t),
+                                               "; expected ", want, " (", meaning, ")"));
   }
   return check_device(name, t, q);
 }
@@ -149,8 +135,8 @@ std::int64_t blocks_of(std::int64_t length, std::int64_t block) {
 result<void> check_block_mask(const std::string& at, const BlockMask& bm, const Dims& d,
                               const at::Tensor& q) {
   if (bm.q_block_size <= 0 || bm.kv_block_size <= 0) {
-    return invalid(absl::StrCat(at, ".block has block sizes (", bm.q_block_size, ", ",
-                                bm.kv_block_size, "); expected both > 0"));
+    return internal::invalid(kOp, absl::StrCat(at, ".block has block sizes (", bm.q_block_size,
+                                               ", ", bm.kv_block_size, "); expected both > 0"));
   }
   const std::int64_t qb = blocks_of(d.q_len, bm.q_block_size);
   const std::int64_t kvb = blocks_of(d.kv_len, bm.kv_block_size);
@@ -159,22 +145,26 @@ result<void> check_block_mask(const std::string& at, const BlockMask& bm, const 
     const std::string cn = absl::StrCat(at, ".block.", counts_name);
     const std::string in = absl::StrCat(at, ".block.", indices_name);
     if (!counts.defined() || !indices.defined()) {
-      return invalid(absl::StrCat(cn, " and ", in, " must both be defined (or both undefined)"));
+      return internal::invalid(
+          kOp, absl::StrCat(cn, " and ", in, " must both be defined (or both undefined)"));
     }
     if (counts.scalar_type() != at::kInt || indices.scalar_type() != at::kInt) {
-      return invalid(absl::StrCat(cn, " has dtype ", c10::toString(counts.scalar_type()), " and ",
-                                  in, " has dtype ", c10::toString(indices.scalar_type()),
-                                  "; expected int32 for both (FlexAttention's BlockMask layout)"));
+      return internal::invalid(
+          kOp, absl::StrCat(cn, " has dtype ", internal::dtype_name(counts), " and ", in,
+                            " has dtype ", internal::dtype_name(indices),
+                            "; expected int32 for both (FlexAttention's BlockMask layout)"));
     }
     if (counts.dim() != 3 || !batch_heads_ok(counts, d) || counts.size(2) != qb) {
-      return invalid(absl::StrCat(cn, " has shape ", shape_of(counts), "; expected [", d.batch,
-                                  " or 1, ", d.q_heads, " or 1, ", qb, "] (", qb,
-                                  " query blocks of ", bm.q_block_size, ")"));
+      return internal::invalid(
+          kOp, absl::StrCat(cn, " has shape ", internal::shape_text(counts), "; expected [",
+                            d.batch, " or 1, ", d.q_heads, " or 1, ", qb, "] (", qb,
+                            " query blocks of ", bm.q_block_size, ")"));
     }
     if (indices.dim() != 4 || indices.size(0) != counts.size(0) ||
         indices.size(1) != counts.size(1) || indices.size(2) != qb) {
-      return invalid(absl::StrCat(in, " has shape ", shape_of(indices), "; expected [",
-                                  counts.size(0), ", ", counts.size(1), ", ", qb, ", KVb]"));
+      return internal::invalid(
+          kOp, absl::StrCat(in, " has shape ", internal::shape_text(indices), "; expected [",
+                            counts.size(0), ", ", counts.size(1), ", ", qb, ", KVb]"));
     }
     result<void> dev = check_device(cn.c_str(), counts, q);
     if (!dev) return dev;
@@ -185,9 +175,10 @@ result<void> check_block_mask(const std::string& at, const BlockMask& bm, const 
       const auto lo = counts.min().item<std::int64_t>();
       const auto hi = counts.max().item<std::int64_t>();
       if (lo < 0 || hi > slots || hi > kvb) {
-        return invalid(absl::StrCat(cn, " holds counts in [", lo, ", ", hi, "]; expected [0, ",
-                                    std::min(slots, kvb), "] (", in, " has ", slots,
-                                    " slots, and there are ", kvb, " key blocks)"));
+        return internal::invalid(
+            kOp, absl::StrCat(cn, " holds counts in [", lo, ", ", hi, "]; expected [0, ",
+                              std::min(slots, kvb), "] (", in, " has ", slots,
+                              " slots, and there are ", kvb, " key blocks)"));
       }
     }
     if (indices.numel() > 0) {
@@ -197,8 +188,9 @@ result<void> check_block_mask(const std::string& at, const BlockMask& bm, const 
       const at::Tensor bad = used & ((indices < 0) | (indices >= kvb));
       if (bad.any().item<bool>()) {
         const at::Tensor first = indices.masked_select(bad)[0];
-        return invalid(absl::StrCat(in, " holds index ", first.item<std::int64_t>(),
-                                    "; expected key-block indices in [0, ", kvb, ")"));
+        return internal::invalid(kOp,
+                                 absl::StrCat(in, " holds index ", first.item<std::int64_t>(),
+                                              "; expected key-block indices in [0, ", kvb, ")"));
       }
     }
     return success();
@@ -212,16 +204,6 @@ result<void> check_block_mask(const std::string& at, const BlockMask& bm, const 
   return r;
 }
 
-bool broadcasts_to(const at::Tensor& t, const std::vector<std::int64_t>& shape) {
-  const auto rank = static_cast<std::int64_t>(shape.size());
-  if (t.dim() > rank) return false;
-  for (std::int64_t i = 1; i <= t.dim(); ++i) {
-    const std::int64_t s = t.size(-i);
-    if (s != 1 && s != shape[rank - i]) return false;
-  }
-  return true;
-}
-
 result<void> check_mask(const Mask& m, std::size_t index, const Dims& d, const at::Tensor& q) {
   const std::string at = absl::StrCat("spec.masks[", index, "]");
   switch (m.kind) {
@@ -229,14 +211,15 @@ result<void> check_mask(const Mask& m, std::size_t index, const Dims& d, const a
       return success();
     case MaskKind::sliding_window:
       if (m.window_left < 0 || m.window_right < 0) {
-        return invalid(absl::StrCat(at, " is a sliding window of (left ", m.window_left, ", right ",
-                                    m.window_right, "); expected both >= 0"));
+        return internal::invalid(
+            kOp, absl::StrCat(at, " is a sliding window of (left ", m.window_left, ", right ",
+                              m.window_right, "); expected both >= 0"));
       }
       return success();
     case MaskKind::chunked_causal:
       if (m.chunk_size <= 0) {
-        return invalid(
-            absl::StrCat(at, ".chunk_size is ", m.chunk_size, "; expected a chunk size > 0"));
+        return internal::invalid(
+            kOp, absl::StrCat(at, ".chunk_size is ", m.chunk_size, "; expected a chunk size > 0"));
       }
       return success();
     case MaskKind::prefix_lm:
@@ -256,8 +239,9 @@ result<void> check_mask(const Mask& m, std::size_t index, const Dims& d, const a
       const auto lo = m.kv_lengths.min().item<std::int64_t>();
       const auto hi = m.kv_lengths.max().item<std::int64_t>();
       if (lo < 0 || hi > d.kv_len) {
-        return invalid(absl::StrCat(at, ".kv_lengths holds values in [", lo, ", ", hi,
-                                    "]; expected each in [0, Lk = ", d.kv_len, "]"));
+        return internal::invalid(kOp,
+                                 absl::StrCat(at, ".kv_lengths holds values in [", lo, ", ", hi,
+                                              "]; expected each in [0, Lk = ", d.kv_len, "]"));
       }
       return r;
     }
@@ -265,21 +249,25 @@ result<void> check_mask(const Mask& m, std::size_t index, const Dims& d, const a
       return check_block_mask(at, m.block, d, q);
     case MaskKind::tensor: {
       const std::string name = at + ".tensor";
-      if (!m.tensor.defined()) return invalid(name + " is undefined; expected a bool tensor");
+      if (!m.tensor.defined())
+        return internal::invalid(kOp, name + " is undefined; expected a bool tensor");
       if (m.tensor.scalar_type() != at::kBool) {
-        return invalid(absl::StrCat(name, " has dtype ", c10::toString(m.tensor.scalar_type()),
-                                    "; expected bool (true keeps; pass an additive float mask "
-                                    "as spec.bias)"));
+        return internal::invalid(
+            kOp, absl::StrCat(name, " has dtype ", internal::dtype_name(m.tensor),
+                              "; expected bool (true keeps; pass an additive float mask "
+                              "as spec.bias)"));
       }
-      if (!broadcasts_to(m.tensor, {d.batch, d.q_heads, d.q_len, d.kv_len})) {
-        return invalid(absl::StrCat(name, " has shape ", shape_of(m.tensor),
-                                    ", which does not broadcast to [", d.batch, ", ", d.q_heads,
-                                    ", ", d.q_len, ", ", d.kv_len, "]"));
+      if (!internal::broadcasts_to(m.tensor, {d.batch, d.q_heads, d.q_len, d.kv_len})) {
+        return internal::invalid(
+            kOp, absl::StrCat(name, " has shape ", internal::shape_text(m.tensor),
+                              ", which does not broadcast to [", d.batch, ", ", d.q_heads, ", ",
+                              d.q_len, ", ", d.kv_len, "]"));
       }
       return check_device(name.c_str(), m.tensor, q);
     }
   }
-  return invalid(absl::StrCat(at, ".kind is ", static_cast<int>(m.kind), ", not a MaskKind"));
+  return internal::invalid(
+      kOp, absl::StrCat(at, ".kind is ", static_cast<int>(m.kind), ", not a MaskKind"));
 }
 
 // The spec against the call's shapes; the resolved scale.
@@ -290,61 +278,65 @@ result<double> validate(const at::Tensor& q, const at::Tensor& k, const at::Tens
   const std::pair<const char*, const at::Tensor*> qkv[] = {
       {"query", &q}, {"key", &k}, {"value", &v}};
   for (const auto& [name, t] : qkv) {
-    if (!t->defined()) return invalid(absl::StrCat(name, " is an undefined tensor"));
+    if (!t->defined()) return internal::invalid(kOp, absl::StrCat(name, " is an undefined tensor"));
     if (t->dim() != 4) {
-      return invalid(absl::StrCat(name, " has rank ", t->dim(), " (shape ", shape_of(*t),
-                                  "); expected rank 4 [B, H, L, E]"));
+      return internal::invalid(
+          kOp, absl::StrCat(name, " has rank ", t->dim(), " (shape ", internal::shape_text(*t),
+                            "); expected rank 4 [B, H, L, E]"));
     }
-    if (!is_float(t->scalar_type())) {
-      return invalid(absl::StrCat(name, " has dtype ", c10::toString(t->scalar_type()),
-                                  "; expected float16, bfloat16, float32 or float64"));
+    if (!internal::is_supported_float(t->scalar_type())) {
+      return internal::invalid(kOp, absl::StrCat(name, " has dtype ", internal::dtype_name(*t),
+                                                 "; expected ", internal::kSupportedFloats));
     }
   }
   for (const auto& [name, t] : {qkv[1], qkv[2]}) {
     if (t->scalar_type() != q.scalar_type()) {
-      return invalid(absl::StrCat(name, " has dtype ", c10::toString(t->scalar_type()),
-                                  " but query has ", c10::toString(q.scalar_type()),
-                                  "; expected the same dtype"));
+      return internal::invalid(
+          kOp, absl::StrCat(name, " has dtype ", internal::dtype_name(*t), " but query has ",
+                            internal::dtype_name(q), "; expected the same dtype"));
     }
     result<void> dev = check_device(name, *t, q);
     if (!dev) return dev.error();
   }
   const Dims d{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), v.size(3)};
   if (k.size(0) != d.batch || v.size(0) != d.batch) {
-    return invalid(absl::StrCat("batch sizes differ: query ", d.batch, ", key ", k.size(0),
-                                ", value ", v.size(0), "; expected equal"));
+    return internal::invalid(
+        kOp, absl::StrCat("batch sizes differ: query ", d.batch, ", key ", k.size(0), ", value ",
+                          v.size(0), "; expected equal"));
   }
   if (v.size(1) != d.kv_heads) {
-    return invalid(absl::StrCat("value has ", v.size(1), " heads but key has ", d.kv_heads,
-                                "; expected equal"));
+    return internal::invalid(kOp, absl::StrCat("value has ", v.size(1), " heads but key has ",
+                                               d.kv_heads, "; expected equal"));
   }
   if (d.kv_heads == 0 || d.q_heads % d.kv_heads != 0) {
-    return invalid(absl::StrCat("key has ", d.kv_heads,
-                                " heads, which does not divide the query's ", d.q_heads,
-                                " (grouped-query attention needs Hq % Hkv == 0)"));
+    return internal::invalid(
+        kOp, absl::StrCat("key has ", d.kv_heads, " heads, which does not divide the query's ",
+                          d.q_heads, " (grouped-query attention needs Hq % Hkv == 0)"));
   }
   if (v.size(2) != d.kv_len) {
-    return invalid(absl::StrCat("value has sequence length ", v.size(2), " but key has ", d.kv_len,
-                                "; expected equal"));
+    return internal::invalid(kOp, absl::StrCat("value has sequence length ", v.size(2),
+                                               " but key has ", d.kv_len, "; expected equal"));
   }
   if (k.size(3) != d.head_dim) {
-    return invalid(absl::StrCat("key has head dim ", k.size(3), " but query has ", d.head_dim,
-                                "; expected equal (E)"));
+    return internal::invalid(kOp, absl::StrCat("key has head dim ", k.size(3), " but query has ",
+                                               d.head_dim, "; expected equal (E)"));
   }
   return validate_spec(q, spec, d);
 }
 
 result<double> validate_spec(const at::Tensor& q, const AttentionSpec& spec, const Dims& d) {
   if (!std::isfinite(spec.scale)) {
-    return invalid(absl::StrCat("spec.scale is ", spec.scale, "; expected a finite number"));
+    return internal::invalid(
+        kOp, absl::StrCat("spec.scale is ", spec.scale, "; expected a finite number"));
   }
   if (!std::isfinite(spec.softcap) || spec.softcap < 0) {
-    return invalid(absl::StrCat("spec.softcap is ", spec.softcap,
-                                "; expected a finite value >= 0 (0 turns soft-capping off)"));
+    return internal::invalid(
+        kOp, absl::StrCat("spec.softcap is ", spec.softcap,
+                          "; expected a finite value >= 0 (0 turns soft-capping off)"));
   }
   if (spec.combine != MaskCombine::all_of && spec.combine != MaskCombine::any_of) {
-    return invalid(
-        absl::StrCat("spec.combine is ", static_cast<int>(spec.combine), ", not a MaskCombine"));
+    return internal::invalid(kOp, absl::StrCat("spec.combine is ", static_cast<int>(spec.combine),
+                                               ", not a MaskCombine"));
   }
   for (std::size_t i = 0; i < spec.masks.size(); ++i) {
     result<void> r = check_mask(spec.masks[i], i, d, q);
@@ -352,10 +344,11 @@ result<double> validate_spec(const at::Tensor& q, const AttentionSpec& spec, con
   }
   if (spec.alibi_slopes.defined()) {
     const at::Tensor& s = spec.alibi_slopes;
-    if (!is_float(s.scalar_type()) || s.dim() != 1 || s.size(0) != d.q_heads) {
-      return invalid(absl::StrCat("spec.alibi_slopes has shape ", shape_of(s), " and dtype ",
-                                  c10::toString(s.scalar_type()), "; expected a float tensor [",
-                                  d.q_heads, "] (one slope per query head)"));
+    if (!internal::is_supported_float(s.scalar_type()) || s.dim() != 1 || s.size(0) != d.q_heads) {
+      return internal::invalid(
+          kOp, absl::StrCat("spec.alibi_slopes has shape ", internal::shape_text(s), " and dtype ",
+                            internal::dtype_name(s), "; expected a float tensor [", d.q_heads,
+                            "] (one slope per query head)"));
     }
     result<void> dev = check_device("spec.alibi_slopes", s, q);
     if (!dev) return dev.error();
@@ -363,14 +356,14 @@ result<double> validate_spec(const at::Tensor& q, const AttentionSpec& spec, con
   if (spec.bias.defined()) {
     const at::Tensor& b = spec.bias;
     if (b.scalar_type() != q.scalar_type()) {
-      return invalid(absl::StrCat("spec.bias has dtype ", c10::toString(b.scalar_type()),
-                                  " but query has ", c10::toString(q.scalar_type()),
-                                  "; expected the same dtype"));
+      return internal::invalid(
+          kOp, absl::StrCat("spec.bias has dtype ", internal::dtype_name(b), " but query has ",
+                            internal::dtype_name(q), "; expected the same dtype"));
     }
-    if (!broadcasts_to(b, {d.batch, d.q_heads, d.q_len, d.kv_len})) {
-      return invalid(absl::StrCat("spec.bias has shape ", shape_of(b),
-                                  ", which does not broadcast to [", d.batch, ", ", d.q_heads, ", ",
-                                  d.q_len, ", ", d.kv_len, "]"));
+    if (!internal::broadcasts_to(b, {d.batch, d.q_heads, d.q_len, d.kv_len})) {
+      return internal::invalid(kOp, absl::StrCat("spec.bias has shape ", internal::shape_text(b),
+                                                 ", which does not broadcast to [", d.batch, ", ",
+                                                 d.q_heads, ", ", d.q_len, ", ", d.kv_len, "]"));
     }
     result<void> dev = check_device("spec.bias", b, q);
     if (!dev) return dev.error();
@@ -383,15 +376,17 @@ result<double> validate_spec(const at::Tensor& q, const AttentionSpec& spec, con
 result<void> check_host_index(const char* name, const at::Tensor& t, std::int64_t rank,
                               const std::string& want, const at::Tensor& q) {
   if (!t.defined() || !is_integer(t.scalar_type()) || t.dim() != rank) {
-    return invalid(absl::StrCat(name, " is ",
-                                t.defined()
-                                    ? absl::StrCat(c10::toString(t.scalar_type()), " ", shape_of(t))
-                                    : std::string("undefined"),
-                                "; expected an integer tensor ", want));
+    return internal::invalid(
+        kOp, absl::StrCat(name, " is ",
+                          t.defined()
+                              ? absl::StrCat(internal::dtype_name(t), " ", internal::shape_text(t))
+                              : std::string("undefined"),
+                          "; expected an integer tensor ", want));
   }
   if (!t.device().is_cpu() && t.device() != q.device()) {
-    return invalid(absl::StrCat(name, " is on ", t.device().str(),
-                                "; expected the CPU or the query's device, ", q.device().str()));
+    return internal::invalid(
+        kOp, absl::StrCat(name, " is on ", t.device().str(),
+                          "; expected the CPU or the query's device, ", q.device().str()));
   }
   return success();
 }
@@ -404,16 +399,18 @@ result<double> validate_paged(const at::Tensor& q, const PagedKVCache& c,
   const std::pair<const char*, const at::Tensor*> tensors[] = {
       {"query", &q}, {"cache.k_pages", &c.k_pages}, {"cache.v_pages", &c.v_pages}};
   for (const auto& [name, t] : tensors) {
-    if (!t->defined()) return invalid(absl::StrCat(name, " is an undefined tensor"));
+    if (!t->defined()) return internal::invalid(kOp, absl::StrCat(name, " is an undefined tensor"));
     if (t->dim() != 4) {
-      return invalid(absl::StrCat(name, " has rank ", t->dim(), " (shape ", shape_of(*t),
-                                  "); expected rank 4 (query [B, Hq, Lq, E], pages [P, Hkv, "
-                                  "page_size, E])"));
+      return internal::invalid(
+          kOp, absl::StrCat(name, " has rank ", t->dim(), " (shape ", internal::shape_text(*t),
+                            "); expected rank 4 (query [B, Hq, Lq, E], pages [P, Hkv, "
+                            "page_size, E])"));
     }
-    if (t->scalar_type() != q.scalar_type() || !is_float(t->scalar_type())) {
-      return invalid(absl::StrCat(name, " has dtype ", c10::toString(t->scalar_type()),
-                                  "; expected float16, bfloat16, float32 or float64, the same "
-                                  "for the query and both pools"));
+    if (t->scalar_type() != q.scalar_type() || !internal::is_supported_float(t->scalar_type())) {
+      return internal::invalid(
+          kOp, absl::StrCat(name, " has dtype ", internal::dtype_name(*t),
+                            "; expected float16, bfloat16, float32 or float64, the same "
+                            "for the query and both pools"));
     }
     result<void> dev = check_device(name, *t, q);
     if (!dev) return dev.error();
@@ -421,39 +418,44 @@ result<double> validate_paged(const at::Tensor& q, const PagedKVCache& c,
   const at::Tensor& kp = c.k_pages;
   const at::Tensor& vp = c.v_pages;
   if (vp.size(0) != kp.size(0) || vp.size(1) != kp.size(1) || vp.size(2) != kp.size(2)) {
-    return invalid(absl::StrCat("cache.v_pages has shape ", shape_of(vp), " and cache.k_pages ",
-                                shape_of(kp), "; expected the same pages, heads and page size"));
+    return internal::invalid(kOp, absl::StrCat("cache.v_pages has shape ", internal::shape_text(vp),
+                                               " and cache.k_pages ", internal::shape_text(kp),
+                                               "; expected the same pages, heads and page size"));
   }
   const std::int64_t pages = kp.size(0);
   const std::int64_t page_size = kp.size(2);
   const Dims shape{q.size(0), q.size(1), kp.size(1), q.size(2), 0, q.size(3), vp.size(3)};
-  if (page_size == 0) return invalid("cache.k_pages has page size 0; expected >= 1");
+  if (page_size == 0) return internal::invalid(kOp, "cache.k_pages has page size 0; expected >= 1");
   if (shape.kv_heads == 0 || shape.q_heads % shape.kv_heads != 0) {
-    return invalid(absl::StrCat("cache.k_pages has ", shape.kv_heads,
-                                " heads, which does not divide the query's ", shape.q_heads,
-                                " (grouped-query attention needs Hq % Hkv == 0)"));
+    return internal::invalid(
+        kOp, absl::StrCat("cache.k_pages has ", shape.kv_heads,
+                          " heads, which does not divide the query's ", shape.q_heads,
+                          " (grouped-query attention needs Hq % Hkv == 0)"));
   }
   if (kp.size(3) != shape.head_dim) {
-    return invalid(absl::StrCat("cache.k_pages has head dim ", kp.size(3), " but query has ",
-                                shape.head_dim, "; expected equal (E)"));
+    return internal::invalid(
+        kOp, absl::StrCat("cache.k_pages has head dim ", kp.size(3), " but query has ",
+                          shape.head_dim, "; expected equal (E)"));
   }
   const std::string rows = absl::StrCat("[", shape.batch, ", max_pages]");
   result<void> ok = check_host_index("cache.page_table", c.page_table, 2, rows, q);
   if (ok && c.page_table.size(0) != shape.batch) {
-    ok = invalid(absl::StrCat("cache.page_table has shape ", shape_of(c.page_table), "; expected ",
-                              rows, " (one row per sequence)"));
+    ok = internal::invalid(
+        kOp, absl::StrCat("cache.page_table has shape ", internal::shape_text(c.page_table),
+                          "; expected ", rows, " (one row per sequence)"));
   }
   if (ok)
     ok = check_host_index("cache.lengths", c.lengths, 1, absl::StrCat("[", shape.batch, "]"), q);
   if (ok && c.lengths.size(0) != shape.batch) {
-    ok = invalid(absl::StrCat("cache.lengths has shape ", shape_of(c.lengths), "; expected [",
-                              shape.batch, "] (one length per sequence)"));
+    ok = internal::invalid(
+        kOp, absl::StrCat("cache.lengths has shape ", internal::shape_text(c.lengths),
+                          "; expected [", shape.batch, "] (one length per sequence)"));
   }
   if (!ok) return ok.error();
   const std::int64_t max_pages = c.page_table.size(1);
   if (max_pages > std::numeric_limits<std::int64_t>::max() / page_size) {
-    return invalid(absl::StrCat("cache.page_table lists ", max_pages, " pages of ", page_size,
-                                " keys, more keys than int64 counts"));
+    return internal::invalid(kOp, absl::StrCat("cache.page_table lists ", max_pages, " pages of ",
+                                               page_size, " keys, more keys than int64 counts"));
   }
   const std::int64_t logical_len = max_pages * page_size;
   const at::Tensor lengths = c.lengths.to(at::kCPU, at::kLong).contiguous();
@@ -461,25 +463,28 @@ result<double> validate_paged(const at::Tensor& q, const PagedKVCache& c,
   for (std::int64_t b = 0; b < shape.batch; ++b) {
     const std::int64_t len = lengths.data_ptr<std::int64_t>()[b];
     if (len < 0 || len > logical_len) {
-      return invalid(absl::StrCat("cache.lengths[", b, "] is ", len, "; expected a length in [0, ",
-                                  logical_len, "] (", max_pages, " pages of ", page_size,
-                                  " keys in its row of cache.page_table)"));
+      return internal::invalid(
+          kOp, absl::StrCat("cache.lengths[", b, "] is ", len, "; expected a length in [0, ",
+                            logical_len, "] (", max_pages, " pages of ", page_size,
+                            " keys in its row of cache.page_table)"));
     }
     const std::int64_t* ids = table.data_ptr<std::int64_t>() + b * max_pages;
     for (std::int64_t p = 0; p * page_size < len; ++p) {
       if (ids[p] < 0 || ids[p] >= pages) {
-        return invalid(absl::StrCat("cache.page_table[", b, "][", p, "] is ", ids[p],
-                                    "; expected a page id in [0, ", pages, ") (sequence ", b,
-                                    " has ", len, " keys, so it reads that page)"));
+        return internal::invalid(
+            kOp, absl::StrCat("cache.page_table[", b, "][", p, "] is ", ids[p],
+                              "; expected a page id in [0, ", pages, ") (sequence ", b, " has ",
+                              len, " keys, so it reads that page)"));
       }
     }
   }
   for (std::size_t i = 0; i < spec.masks.size(); ++i) {
     if (spec.masks[i].kind == MaskKind::block) {
-      return invalid(absl::StrCat("spec.masks[", i,
-                                  "] is a block mask, which a paged cache does not take (its "
-                                  "blocks index a contiguous cache); use position, document or "
-                                  "boolean mask terms"));
+      return internal::invalid(
+          kOp, absl::StrCat("spec.masks[", i,
+                            "] is a block mask, which a paged cache does not take (its "
+                            "blocks index a contiguous cache); use position, document or "
+                            "boolean mask terms"));
     }
   }
   if (at::GradMode::is_enabled() &&
@@ -527,24 +532,15 @@ result<AttentionOutput> dispatch(const at::Tensor& q, const at::Tensor& k, const
     }
   }();
   if (!scale) return scale.error();
-  result<internal::Request> request = internal::resolve_request(spec.dispatch);
-  if (!request) return request.error();
-
   const AttentionSpec canonical = saturated(spec, q.size(2), kv_len);
   const internal::AttentionCall call{q, k, v, canonical, scale.value(), paged};
-  auto selection = internal::select(internal::Registry::builtin(), kOp, request.value(), call,
-                                    &internal::Adapter::attention);
-  if (!selection) return selection.error();
-
-  const internal::AttentionKernel* kernel = selection.value().kernel;
-  result<internal::AttentionResult> computed =
-      internal::guarded(kOp, selection.value().info.adapter, [&] { return kernel->run(call); });
-  if (!computed) return computed.error();
-  DispatchInfo info = std::move(selection).value().info;
-  info.reason = absl::StrCat(info.reason, "; ", computed.value().path);
-  info.attention = computed.value().route;
-  return AttentionOutput{std::move(computed.value().out), std::move(computed.value().lse),
-                         std::move(info)};
+  auto ran = internal::dispatch_and_run(kOp, spec.dispatch, call, &internal::Adapter::attention);
+  if (!ran) return ran.error();
+  internal::AttentionResult& computed = ran.value().value;
+  DispatchInfo info = std::move(ran.value().info);
+  info.reason = absl::StrCat(info.reason, "; ", computed.path);
+  info.attention = computed.route;
+  return AttentionOutput{std::move(computed.out), std::move(computed.lse), std::move(info)};
 }
 
 }  // namespace

@@ -8,6 +8,10 @@
 
 #include <sstream>
 
+#include "dispatch/attention.h"
+#include "dispatch/comm.h"
+#include "dispatch/linear_cross_entropy.h"
+#include "dispatch/logsumexp.h"
 #include "dispatch/registry.h"
 #include "keel/version.h"
 
@@ -17,6 +21,25 @@ inline namespace v1 {
 const char* version() noexcept {
   return KEEL_VERSION_STRING;
 }
+
+namespace {
+
+// An adapter as keel-info shows it: each kernel's own Capability, in the
+// order of the operations' headers.
+AdapterInfo describe(const internal::Adapter& adapter) {
+  AdapterInfo info;
+  info.name = std::string(to_string(adapter.kind()));
+  info.description = adapter.description();
+  if (const auto* k = adapter.logsumexp()) info.capabilities.push_back(k->capability().info());
+  if (const auto* k = adapter.linear_cross_entropy()) {
+    info.capabilities.push_back(k->capability().info());
+  }
+  if (const auto* k = adapter.attention()) info.capabilities.push_back(k->capability().info());
+  if (const auto* k = adapter.comm()) info.capabilities.push_back(k->capability().info());
+  return info;
+}
+
+}  // namespace
 
 const BuildInfo& build_info() {
   static const BuildInfo info = [] {
@@ -31,7 +54,7 @@ const BuildInfo& build_info() {
     for (std::string r; releases >> r;) b.supported_torch.push_back(r);
     b.torch_support = KEEL_BUILD_TORCH_SUPPORT;
     for (const auto& adapter : internal::Registry::builtin().adapters()) {
-      b.adapters.push_back(adapter->info());
+      b.adapters.push_back(describe(*adapter));
     }
     return b;
   }();

@@ -6,9 +6,11 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "dispatch/adapter.h"
 #include "dispatch/registry.h"
+#include "guard.h"
 #include "keel/v1/dispatch.h"
 #include "keel/v1/error.h"
 
@@ -68,6 +70,32 @@ result<Selection<Kernel>> select(const Registry& registry, std::string_view oper
   selection.kernel = info.value().served == Backend::native ? native_kernel : compat_kernel;
   selection.info = std::move(info).value();
   return selection;
+}
+
+// What a kernel computed, and the decision that chose its adapter.
+template <class Value>
+struct Dispatched {
+  Value value;
+  DispatchInfo info;
+};
+
+// The tail every operation shares once its call is validated: resolve the
+// request, select the adapter, and run its kernel with whatever libtorch
+// throws turned into a keel::Error.
+template <class Kernel, class Call>
+auto dispatch_and_run(std::string_view operation, const DispatchOptions& options, const Call& call,
+                      const Kernel* (Adapter::*kernel_of)() const noexcept)
+    -> result<Dispatched<decltype(std::declval<const Kernel&>().run(call))>> {
+  result<Request> request = resolve_request(options);
+  if (!request) return request.error();
+  auto selection = select(Registry::builtin(), operation, request.value(), call, kernel_of);
+  if (!selection) return selection.error();
+  const Kernel* kernel = selection.value().kernel;
+  auto value =
+      guarded(operation, selection.value().info.adapter, [&] { return kernel->run(call); });
+  if (!value) return value.error();
+  return Dispatched<decltype(kernel->run(call))>{std::move(value).value(),
+                                                 std::move(selection).value().info};
 }
 
 }  // namespace keel::internal

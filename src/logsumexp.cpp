@@ -7,7 +7,8 @@
 
 #include "dispatch/logsumexp.h"
 #include "dispatcher.h"
-#include "guard.h"
+#include "dtype_name.h"
+#include "validate.h"
 
 namespace keel {
 inline namespace v1 {
@@ -16,52 +17,36 @@ namespace {
 
 constexpr const char* kOp = "logsumexp";
 
-std::string shape_of(const at::Tensor& t) {
-  return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]");
-}
-
 result<std::int64_t> validate(const at::Tensor& input, const LogsumexpOptions& options) {
-  if (!input.defined()) {
-    return Error(Errc::invalid_argument, "logsumexp: input is an undefined tensor");
-  }
-  const at::ScalarType dtype = input.scalar_type();
-  if (dtype != at::kFloat && dtype != at::kDouble && dtype != at::kHalf && dtype != at::kBFloat16) {
-    return Error(Errc::invalid_argument,
-                 absl::StrCat("logsumexp: input has dtype ", c10::toString(dtype),
-                              "; expected float16, bfloat16, float32 or float64"));
+  if (!input.defined()) return internal::invalid(kOp, "input is an undefined tensor");
+  if (!internal::is_supported_float(input.scalar_type())) {
+    return internal::invalid(kOp, absl::StrCat("input has dtype ", internal::dtype_name(input),
+                                               "; expected ", internal::kSupportedFloats));
   }
   const std::int64_t rank = input.dim();
   if (rank == 0) {
-    return Error(Errc::invalid_argument,
-                 "logsumexp: input is a 0-dimensional tensor; expected at least one dimension");
+    return internal::invalid(kOp,
+                             "input is a 0-dimensional tensor; expected at least one dimension");
   }
   if (options.dim < -rank || options.dim >= rank) {
-    return Error(
-        Errc::invalid_argument,
-        absl::StrCat("logsumexp: options.dim is ", options.dim, ", out of range for input ",
-                     shape_of(input), " (expected ", -rank, " <= dim < ", rank, ")"));
+    return internal::invalid(
+        kOp,
+        absl::StrCat("options.dim is ", options.dim, ", out of range for input ",
+                     internal::shape_text(input), " (expected ", -rank, " <= dim < ", rank, ")"));
   }
   const at::Tensor& mask = options.mask;
   if (mask.defined()) {
     if (mask.scalar_type() != at::kBool) {
-      return Error(Errc::invalid_argument, absl::StrCat("logsumexp: options.mask has dtype ",
-                                                        c10::toString(mask.scalar_type()),
-                                                        "; expected bool (true keeps an entry)"));
+      return internal::invalid(kOp,
+                               absl::StrCat("options.mask has dtype ", internal::dtype_name(mask),
+                                            "; expected bool (true keeps an entry)"));
     }
-    if (mask.device() != input.device()) {
-      return Error(Errc::invalid_argument,
-                   absl::StrCat("logsumexp: options.mask is on ", mask.device().str(),
-                                " but input is on ", input.device().str()));
-    }
-    bool broadcastable = mask.dim() <= rank;
-    for (std::int64_t i = 1; broadcastable && i <= mask.dim(); ++i) {
-      const std::int64_t m = mask.size(-i);
-      broadcastable = m == 1 || m == input.size(-i);
-    }
-    if (!broadcastable) {
-      return Error(Errc::invalid_argument,
-                   absl::StrCat("logsumexp: options.mask has shape ", shape_of(mask),
-                                ", which does not broadcast to input's ", shape_of(input)));
+    result<void> device = internal::check_same_device(kOp, "options.mask", mask, "input", input);
+    if (!device) return device.error();
+    if (!internal::broadcasts_to(mask, input.sizes())) {
+      return internal::invalid(
+          kOp, absl::StrCat("options.mask has shape ", internal::shape_text(mask),
+                            ", which does not broadcast to input's ", internal::shape_text(input)));
     }
   }
   return options.dim < 0 ? options.dim + rank : options.dim;
@@ -72,19 +57,10 @@ result<std::int64_t> validate(const at::Tensor& input, const LogsumexpOptions& o
 result<LogsumexpOutput> logsumexp(const at::Tensor& input, const LogsumexpOptions& options) {
   result<std::int64_t> dim = validate(input, options);
   if (!dim) return dim.error();
-  result<internal::Request> request = internal::resolve_request(options.dispatch);
-  if (!request) return request.error();
-
   const internal::LogsumexpCall call{input, options.mask, dim.value(), options.keepdim};
-  auto selection = internal::select(internal::Registry::builtin(), kOp, request.value(), call,
-                                    &internal::Adapter::logsumexp);
-  if (!selection) return selection.error();
-
-  const internal::LogsumexpKernel* kernel = selection.value().kernel;
-  result<at::Tensor> value =
-      internal::guarded(kOp, selection.value().info.adapter, [&] { return kernel->run(call); });
-  if (!value) return value.error();
-  return LogsumexpOutput{std::move(value).value(), std::move(selection).value().info};
+  auto ran = internal::dispatch_and_run(kOp, options.dispatch, call, &internal::Adapter::logsumexp);
+  if (!ran) return ran.error();
+  return LogsumexpOutput{std::move(ran.value().value), std::move(ran.value().info)};
 }
 
 }  // namespace v1

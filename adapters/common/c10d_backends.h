@@ -25,8 +25,8 @@ c10::intrusive_ptr<c10d::Backend> make_backend(const BackendRequest& request);
 
 // Whether this build carries `backend` (NCCL needs KEEL_WITH_CUDA).
 Support backend_available(comm::CommBackend backend);
-// "cpu", and "cuda" in a CUDA build.
-std::vector<std::string> comm_devices();
+// CPU, and CUDA in a build with NCCL.
+std::vector<c10::DeviceType> comm_devices();
 
 // CommKernel::classify_failure as Gloo and NCCL word their failures in
 // every supported release (2.9 to 2.15): "Timed out"/"timeout" is a

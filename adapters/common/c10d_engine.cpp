@@ -77,10 +77,11 @@ void BackendEngine::abort() noexcept {
   }
 }
 
-CapabilityInfo comm_capability(std::string implementation) {
-  CapabilityInfo c;
+C10dComm::C10dComm(const char* implementation) {
+  internal::Capability& c = capability_;
   c.operation = "comm";
-  c.dtypes = {"float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64"};
+  c.dtypes = {c10::kHalf, c10::kBFloat16, c10::kFloat, c10::kDouble,
+              c10::kChar, c10::kByte,     c10::kInt,   c10::kLong};
   c.devices = internal::comm_devices();
   c.features = {"all_reduce (sum, avg, min, max, product)",
                 "all_gather (tensor, list)",
@@ -96,8 +97,7 @@ CapabilityInfo comm_capability(std::string implementation) {
                 "heartbeat liveness",
                 "flight recorder",
                 "checked mode"};
-  c.implementation = std::move(implementation);
-  return c;
+  c.implementation = implementation;
 }
 
 }  // namespace keel::adapters

@@ -11,7 +11,6 @@
 
 #include "c10d_backends.h"
 #include "dispatch/comm.h"
-#include "keel/v1/build_info.h"
 
 namespace keel::adapters {
 
@@ -38,17 +37,23 @@ class BackendEngine : public internal::CommEngine {
   c10::intrusive_ptr<c10d::Backend> backend_;
 };
 
-// What every c10d comm kernel shares: it serves the backends this build
-// has and reads c10d's failures as Gloo and NCCL word them. A kernel adds
-// only create().
+// What every c10d comm kernel shares: the collectives keel::comm serves on
+// the devices this build has, the backends this build has, and c10d's
+// failures read as Gloo and NCCL word them. A kernel adds only create() and
+// names its `implementation`.
 class C10dComm : public internal::CommKernel {
  public:
+  explicit C10dComm(const char* implementation);
+  const internal::Capability& capability() const noexcept override { return capability_; }
   internal::Support supports(const internal::CommCall& call) const override {
     return internal::backend_available(call.backend);
   }
   Errc classify_failure(const std::string& text) const noexcept override {
     return internal::classify_c10d_failure(text);
   }
+
+ private:
+  internal::Capability capability_;
 };
 
 // A comm kernel whose engine calls c10d::Backend itself (no ProcessGroup):
@@ -56,14 +61,11 @@ class C10dComm : public internal::CommKernel {
 template <class Engine>
 class BackendComm final : public C10dComm {
  public:
+  using C10dComm::C10dComm;
   std::unique_ptr<internal::CommEngine> create(
       const internal::BackendRequest& request) const override {
     return std::make_unique<Engine>(internal::make_backend(request));
   }
 };
-
-// The collectives keel::comm serves, on the devices this build has; each
-// adapter names its own `implementation`.
-CapabilityInfo comm_capability(std::string implementation);
 
 }  // namespace keel::adapters

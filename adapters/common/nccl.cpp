@@ -52,11 +52,11 @@ Errc classify_c10d_failure(const std::string& text) noexcept {
   return Errc::backend_error;
 }
 
-std::vector<std::string> comm_devices() {
+std::vector<c10::DeviceType> comm_devices() {
 #ifdef KEEL_WITH_NCCL
-  return {"cpu", "cuda"};
+  return {c10::DeviceType::CPU, c10::DeviceType::CUDA};
 #else
-  return {"cpu"};
+  return {c10::DeviceType::CPU};
 #endif
 }
 

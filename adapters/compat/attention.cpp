@@ -122,23 +122,11 @@ internal::AttentionResult contiguous_route(const internal::AttentionCall& call) 
   return r;
 }
 
-class CompatAttention final : public internal::AttentionKernel {
- public:
-  internal::Support supports(const internal::AttentionCall& /*call*/) const override {
-    return internal::Support::yes();
-  }
-  internal::AttentionResult run(const internal::AttentionCall& call) const override {
-    return compat_attention_route(call);
-  }
-};
-
-}  // namespace
-
-CapabilityInfo attention_capability() {
-  CapabilityInfo c;
+internal::Capability attention_capability() {
+  internal::Capability c;
   c.operation = "attention";
-  c.dtypes = {"float16", "bfloat16", "float32", "float64"};
-  c.devices = {"cpu", "cuda"};
+  c.dtypes = internal::floating_dtypes();
+  c.devices = {c10::DeviceType::CPU, c10::DeviceType::CUDA};
   c.features = {"causal (top-left, bottom-right)",
                 "sliding window",
                 "chunked causal",
@@ -174,6 +162,19 @@ CapabilityInfo attention_capability() {
       "else a tile loop on plain ATen ops";
   return c;
 }
+
+class CompatAttention final : public internal::AttentionKernel {
+ public:
+  const internal::Capability& capability() const noexcept override {
+    static const internal::Capability kCapability = attention_capability();
+    return kCapability;
+  }
+  internal::AttentionResult run(const internal::AttentionCall& call) const override {
+    return compat_attention_route(call);
+  }
+};
+
+}  // namespace
 
 const internal::AttentionKernel& compat_attention_kernel() {
   static const CompatAttention kernel;

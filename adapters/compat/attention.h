@@ -4,13 +4,8 @@
 #pragma once
 
 #include "dispatch/attention.h"
-#include "keel/v1/build_info.h"
 
 namespace keel::adapters {
 
 const internal::AttentionKernel& compat_attention_kernel();
-
-// What the compat attention kernel serves, for keel-info.
-CapabilityInfo attention_capability();
-
 }  // namespace keel::adapters

@@ -5,13 +5,10 @@
 namespace keel::adapters {
 
 const internal::CommKernel& compat_comm_kernel() {
-  static const BackendComm<BackendEngine> kernel;
+  static const BackendComm<BackendEngine> kernel(
+      "c10d::Backend with the names 2.9 has (_allgather_base, _reduce_scatter_base, "
+      "alltoall_base)");
   return kernel;
-}
-
-const char* compat_comm_implementation() {
-  return "c10d::Backend with the names 2.9 has (_allgather_base, _reduce_scatter_base, "
-         "alltoall_base)";
 }
 
 }  // namespace keel::adapters

@@ -7,7 +7,5 @@
 namespace keel::adapters {
 
 const internal::CommKernel& compat_comm_kernel();
-// What compat_comm_kernel() calls, in a sentence, for keel-info.
-const char* compat_comm_implementation();
 
 }  // namespace keel::adapters

@@ -1,8 +1,6 @@
 #include "compat_adapter.h"
 
 #include "attention.h"
-
-#include "c10d_engine.h"
 #include "comm.h"
 #include "dispatch/logsumexp.h"
 #include "linear_cross_entropy.h"
@@ -13,8 +11,17 @@ namespace {
 
 class CompatLogsumexp final : public internal::LogsumexpKernel {
  public:
-  internal::Support supports(const internal::LogsumexpCall& /*call*/) const override {
-    return internal::Support::yes();
+  const internal::Capability& capability() const noexcept override {
+    static const internal::Capability kCapability = [] {
+      internal::Capability c;
+      c.operation = "logsumexp";
+      c.dtypes = internal::floating_dtypes();
+      c.devices = {c10::DeviceType::CPU, c10::DeviceType::CUDA};
+      c.features = {internal::kFeatureMask, "keepdim", "zero gradient on empty rows"};
+      c.implementation = "compat::masked_logsumexp: max-shifted exp/sum/log in float32";
+      return c;
+    }();
+    return kCapability;
   }
   at::Tensor run(const internal::LogsumexpCall& call) const override {
     return compat::masked_logsumexp(call.input, call.mask, call.dim, call.keepdim);
@@ -25,22 +32,8 @@ class CompatAdapter final : public internal::Adapter {
  public:
   Backend kind() const noexcept override { return Backend::compat; }
 
-  AdapterInfo info() const override {
-    AdapterInfo info;
-    info.name = "compat";
-    info.description =
-        "keel's own implementations on ATen ops present since libtorch 2.9 (compat/)";
-    CapabilityInfo lse;
-    lse.operation = "logsumexp";
-    lse.dtypes = {"float16", "bfloat16", "float32", "float64"};
-    lse.devices = {"cpu", "cuda"};
-    lse.features = {"mask", "keepdim", "zero gradient on empty rows"};
-    lse.implementation = "compat::masked_logsumexp: max-shifted exp/sum/log in float32";
-    info.capabilities.push_back(std::move(lse));
-    info.capabilities.push_back(CompatLinearCrossEntropy::info());
-    info.capabilities.push_back(attention_capability());
-    info.capabilities.push_back(comm_capability(compat_comm_implementation()));
-    return info;
+  std::string description() const override {
+    return "keel's own implementations on ATen ops present since libtorch 2.9 (compat/)";
   }
 
   const internal::LogsumexpKernel* logsumexp() const noexcept override { return &logsumexp_; }

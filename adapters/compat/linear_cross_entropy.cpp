@@ -30,11 +30,6 @@ compat::LossReduction to_compat(Reduction r) {
 }
 }  // namespace
 
-internal::Support CompatLinearCrossEntropy::supports(
-    const internal::LinearCrossEntropyCall& /*call*/) const {
-  return internal::Support::yes();
-}
-
 internal::LinearCrossEntropyResult CompatLinearCrossEntropy::run(
     const internal::LinearCrossEntropyCall& call) const {
   const LinearCrossEntropyOptions& o = call.options;
@@ -65,29 +60,32 @@ internal::LinearCrossEntropyResult CompatLinearCrossEntropy::run(
   return {std::move(out.loss), std::move(out.per_token_loss), std::move(out.lse)};
 }
 
-CapabilityInfo CompatLinearCrossEntropy::info() {
-  CapabilityInfo c;
-  c.operation = "linear_cross_entropy";
-  c.dtypes = {"float16", "bfloat16", "float32", "float64"};
-  c.devices = {"cpu", "cuda"};
-  c.features = {"reduction mean/sum/none",
-                "ignore_index",
-                "label_smoothing",
-                "class_weights",
-                "z_loss",
-                "logit_softcap",
-                "bias",
-                "chunk_size",
-                "vocab_chunk_size (online log-sum-exp, recompute in backward)",
-                "chunk_budget_bytes",
-                "accumulation_dtype float32/float64",
-                "per-token loss and lse",
-                "vocab_parallel (weight sharded by vocabulary over a keel::comm::Communicator)"};
-  c.implementation =
-      "compat::chunked_linear_cross_entropy: token chunks, logits never materialised, "
-      "gradients formed in forward into the accumulation-dtype buffers handed to autograd, "
-      "or recomputed in backward with vocabulary blocks";
-  return c;
+const internal::Capability& CompatLinearCrossEntropy::capability() const noexcept {
+  static const internal::Capability kCapability = [] {
+    internal::Capability c;
+    c.operation = "linear_cross_entropy";
+    c.dtypes = internal::floating_dtypes();
+    c.devices = {c10::DeviceType::CPU, c10::DeviceType::CUDA};
+    c.features = {"reduction mean/sum/none",
+                  "ignore_index",
+                  "label_smoothing",
+                  "class_weights",
+                  "z_loss",
+                  "logit_softcap",
+                  "bias",
+                  "chunk_size",
+                  "vocab_chunk_size (online log-sum-exp, recompute in backward)",
+                  "chunk_budget_bytes",
+                  "accumulation_dtype float32/float64",
+                  "per-token loss and lse",
+                  "vocab_parallel (weight sharded by vocabulary over a keel::comm::Communicator)"};
+    c.implementation =
+        "compat::chunked_linear_cross_entropy: token chunks, logits never materialised, "
+        "gradients formed in forward into the accumulation-dtype buffers handed to autograd, "
+        "or recomputed in backward with vocabulary blocks";
+    return c;
+  }();
+  return kCapability;
 }
 
 }  // namespace keel::adapters

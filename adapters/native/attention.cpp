@@ -19,8 +19,10 @@ constexpr const char* kNoNativeAttention =
 
 class NativeAttention final : public internal::AttentionKernel {
  public:
-  internal::Support supports(const internal::AttentionCall& /*call*/) const override {
-    return internal::Support::no(kNoNativeAttention);
+  const internal::Capability& capability() const noexcept override {
+    static const internal::Capability kCapability =
+        internal::Capability::none("attention", kNoNativeAttention);
+    return kCapability;
   }
   internal::AttentionResult run(const internal::AttentionCall& /*call*/) const override {
     TORCH_CHECK(false, kNoNativeAttention);
@@ -28,10 +30,6 @@ class NativeAttention final : public internal::AttentionKernel {
 };
 
 }  // namespace
-
-const char* native_attention_refusal() {
-  return kNoNativeAttention;
-}
 
 const internal::AttentionKernel& native_attention_kernel() {
   static const NativeAttention kernel;

@@ -6,8 +6,7 @@
 
 namespace keel::adapters {
 
-// Declines every call, with native_attention_refusal() as the reason.
+// Declines every call: its Capability serves nothing, and says why.
 const internal::AttentionKernel& native_attention_kernel();
-const char* native_attention_refusal();
 
 }  // namespace keel::adapters

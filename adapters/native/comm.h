@@ -15,7 +15,4 @@ namespace keel::adapters {
 
 const internal::CommKernel& native_comm_kernel();
 
-// What native_comm_kernel() calls, in a sentence, for keel-info.
-const char* native_comm_implementation();
-
 }  // namespace keel::adapters

@@ -59,6 +59,10 @@ class ProcessGroupEngine final : public BackendEngine {
 
 class NativeComm final : public C10dComm {
  public:
+  NativeComm()
+      : C10dComm(
+            "c10d::ProcessGroup with 2.13's names (all_gather_single, reduce_scatter_single, "
+            "all_to_all_single); the rest on c10d::Backend") {}
   std::unique_ptr<internal::CommEngine> create(
       const internal::BackendRequest& request) const override {
     return std::make_unique<ProcessGroupEngine>(internal::make_backend(request), request.store,
@@ -71,11 +75,6 @@ class NativeComm final : public C10dComm {
 const internal::CommKernel& native_comm_kernel() {
   static const NativeComm kernel;
   return kernel;
-}
-
-const char* native_comm_implementation() {
-  return "c10d::ProcessGroup with 2.13's names (all_gather_single, reduce_scatter_single, "
-         "all_to_all_single); the rest on c10d::Backend";
 }
 
 }  // namespace keel::adapters

@@ -49,13 +49,10 @@ class CanonicalBackendEngine final : public BackendEngine {
 }  // namespace
 
 const internal::CommKernel& native_comm_kernel() {
-  static const BackendComm<CanonicalBackendEngine> kernel;
+  static const BackendComm<CanonicalBackendEngine> kernel(
+      "c10d::Backend with the canonical names of 2.14 (all_gather_single, "
+      "reduce_scatter_single, all_to_all_single); the rest with the names 2.9 has");
   return kernel;
-}
-
-const char* native_comm_implementation() {
-  return "c10d::Backend with the canonical names of 2.14 (all_gather_single, "
-         "reduce_scatter_single, all_to_all_single); the rest with the names 2.9 has";
 }
 
 }  // namespace keel::adapters

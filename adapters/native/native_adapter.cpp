@@ -5,12 +5,11 @@
 #include <ATen/ATen.h>
 #include <torch/headeronly/version.h>
 
+#include "accumulation.h"
 #include "attention.h"
-#include "c10d_engine.h"
 #include "comm.h"
 #include "dispatch/linear_cross_entropy.h"
 #include "dispatch/logsumexp.h"
-#include "masked_logsumexp.h"
 
 // torch/headeronly/version.h is new in 2.13 (the macros moved there); CMake
 // compiles this adapter only for >= 2.13, and this says so where it matters.
@@ -26,14 +25,21 @@ namespace {
 // it serves only what at::logsumexp computes itself: no mask.
 class NativeLogsumexp final : public internal::LogsumexpKernel {
  public:
-  internal::Support supports(const internal::LogsumexpCall& call) const override {
-    if (call.mask.defined()) {
-      return internal::Support::no("the native adapter serves no mask (at::logsumexp takes none)");
-    }
-    return internal::Support::yes();
+  // No mask: at::logsumexp takes none.
+  const internal::Capability& capability() const noexcept override {
+    static const internal::Capability kCapability = [] {
+      internal::Capability c;
+      c.operation = "logsumexp";
+      c.dtypes = internal::floating_dtypes();
+      c.devices = {c10::DeviceType::CPU, c10::DeviceType::CUDA};
+      c.features = {"keepdim", "zero gradient on empty rows"};
+      c.implementation = "at::logsumexp in float32";
+      return c;
+    }();
+    return kCapability;
   }
   at::Tensor run(const internal::LogsumexpCall& call) const override {
-    const at::Tensor x = call.input.to(compat::accumulation_dtype(call.input));
+    const at::Tensor x = call.input.to(compat::accumulation_dtype(call.input.scalar_type()));
     // at::logsumexp's backward is grad * exp(x - lse): NaN on an all -inf
     // row. keel promises 0 there, so such rows are fed zeros and set to -inf
     // after, which routes their gradient around the op.
@@ -56,8 +62,10 @@ constexpr const char* kNoNativeLinearCrossEntropy =
 
 class NativeLinearCrossEntropy final : public internal::LinearCrossEntropyKernel {
  public:
-  internal::Support supports(const internal::LinearCrossEntropyCall& /*call*/) const override {
-    return internal::Support::no(kNoNativeLinearCrossEntropy);
+  const internal::Capability& capability() const noexcept override {
+    static const internal::Capability kCapability =
+        internal::Capability::none("linear_cross_entropy", kNoNativeLinearCrossEntropy);
+    return kCapability;
   }
   internal::LinearCrossEntropyResult run(
       const internal::LinearCrossEntropyCall& /*call*/) const override {
@@ -69,31 +77,11 @@ class NativeAdapter final : public internal::Adapter {
  public:
   Backend kind() const noexcept override { return Backend::native; }
 
-  AdapterInfo info() const override {
-    AdapterInfo info;
-    info.name = "native";
-    info.description = "paths libtorch " + std::to_string(TORCH_VERSION_MAJOR) + "." +
-                       std::to_string(TORCH_VERSION_MINOR) +
-                       " offers in C++ (docs/torch-api-matrix.md): logsumexp and comm here; "
-                       "attention and linear_cross_entropy decline, so auto runs compat";
-    CapabilityInfo lse;
-    lse.operation = "logsumexp";
-    lse.dtypes = {"float16", "bfloat16", "float32", "float64"};
-    lse.devices = {"cpu", "cuda"};
-    lse.features = {"keepdim", "zero gradient on empty rows"};
-    lse.implementation = "at::logsumexp in float32";
-    info.capabilities.push_back(std::move(lse));
-    // Listed with nothing served, so that keel-info shows why.
-    CapabilityInfo lce;
-    lce.operation = "linear_cross_entropy";
-    lce.implementation = std::string("none: ") + kNoNativeLinearCrossEntropy;
-    info.capabilities.push_back(std::move(lce));
-    CapabilityInfo attention;
-    attention.operation = "attention";
-    attention.implementation = std::string("none: ") + native_attention_refusal();
-    info.capabilities.push_back(std::move(attention));
-    info.capabilities.push_back(comm_capability(native_comm_implementation()));
-    return info;
+  std::string description() const override {
+    return "paths libtorch " + std::to_string(TORCH_VERSION_MAJOR) + "." +
+           std::to_string(TORCH_VERSION_MINOR) +
+           " offers in C++ (docs/torch-api-matrix.md): logsumexp and comm here; attention and "
+           "linear_cross_entropy decline, so auto runs compat";
   }
 
   const internal::LogsumexpKernel* logsumexp() const noexcept override { return &logsumexp_; }

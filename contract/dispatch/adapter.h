@@ -1,13 +1,12 @@
-// The interface every adapter implements. An adapter declares what it can
-// serve (AdapterInfo for people, Support answers for the dispatcher) and
-// hands out one kernel object per capability; a capability it lacks is a
-// null kernel.
+// The interface every adapter implements. An adapter hands out one kernel
+// object per operation (a null kernel for one it lacks); each kernel holds
+// its Capability, which both the dispatcher (supports()) and keel-info
+// (AdapterInfo, assembled from the kernels) read.
 #pragma once
 
 #include <string>
-#include <utility>
 
-#include "keel/v1/build_info.h"
+#include "dispatch/capability.h"
 #include "keel/v1/dispatch.h"
 
 namespace keel::internal {
@@ -17,22 +16,14 @@ class AttentionKernel;
 class CommKernel;
 class LogsumexpKernel;
 
-// A kernel's answer to "can you serve this call?", with the reason when not.
-struct Support {
-  bool ok = true;
-  std::string reason;
-
-  static Support yes() { return {}; }
-  static Support no(std::string why) { return {false, std::move(why)}; }
-};
-
 class Adapter {
  public:
   virtual ~Adapter() = default;
 
   // Backend::compat or Backend::native.
   virtual Backend kind() const noexcept = 0;
-  virtual AdapterInfo info() const = 0;
+  // What the adapter is, in a sentence, for AdapterInfo.
+  virtual std::string description() const = 0;
 
   virtual const LogsumexpKernel* logsumexp() const noexcept { return nullptr; }
   virtual const LinearCrossEntropyKernel* linear_cross_entropy() const noexcept { return nullptr; }

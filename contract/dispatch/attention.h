@@ -36,7 +36,11 @@ struct AttentionResult {
 class AttentionKernel {
  public:
   virtual ~AttentionKernel() = default;
-  virtual Support supports(const AttentionCall& call) const = 0;
+  // What it serves; supports() and keel-info read this one value.
+  virtual const Capability& capability() const noexcept = 0;
+  Support supports(const AttentionCall& call) const {
+    return capability().admits(call.q.scalar_type(), call.q.device().type());
+  }
   // May throw (c10::Error, std::exception): the core turns it into an Error.
   virtual AttentionResult run(const AttentionCall& call) const = 0;
 };

@@ -70,6 +70,11 @@ struct BackendRequest {
 class CommKernel {
  public:
   virtual ~CommKernel() = default;
+  // What it serves, for keel-info.
+  virtual const Capability& capability() const noexcept = 0;
+  // Whether this build and machine have `call.backend` (Gloo compiled in;
+  // NCCL compiled in with a GPU): a fact of the environment, not of the
+  // capability's lists.
   virtual Support supports(const CommCall& call) const = 0;
   // Builds the c10d backend `request` names and the engine that calls it.
   // c10d's backend construction and its Options change between releases,

@@ -51,7 +51,11 @@ struct LinearCrossEntropyResult {
 class LinearCrossEntropyKernel {
  public:
   virtual ~LinearCrossEntropyKernel() = default;
-  virtual Support supports(const LinearCrossEntropyCall& call) const = 0;
+  // What it serves; supports() and keel-info read this one value.
+  virtual const Capability& capability() const noexcept = 0;
+  Support supports(const LinearCrossEntropyCall& call) const {
+    return capability().admits(call.hidden.scalar_type(), call.hidden.device().type());
+  }
   // May throw (c10::Error, std::exception): the core turns it into an Error.
   virtual LinearCrossEntropyResult run(const LinearCrossEntropyCall& call) const = 0;
 };

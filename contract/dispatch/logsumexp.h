@@ -22,7 +22,14 @@ struct LogsumexpCall {
 class LogsumexpKernel {
  public:
   virtual ~LogsumexpKernel() = default;
-  virtual Support supports(const LogsumexpCall& call) const = 0;
+  // What it serves; supports() and keel-info read this one value.
+  virtual const Capability& capability() const noexcept = 0;
+  Support supports(const LogsumexpCall& call) const {
+    const c10::ScalarType dtype = call.input.scalar_type();
+    const c10::DeviceType device = call.input.device().type();
+    if (call.mask.defined()) return capability().admits(dtype, device, {kFeatureMask});
+    return capability().admits(dtype, device);
+  }
   // May throw (c10::Error, std::exception): the core turns it into an Error.
   virtual at::Tensor run(const LogsumexpCall& call) const = 0;
 };

@@ -76,7 +76,7 @@ std::string disagreement(const std::vector<std::optional<Descriptor>>& all, int 
 
 Descriptor plain(const at::Tensor& t, const std::string& detail) {
   Descriptor d;
-  d.call = absl::StrCat(internal::dtype_name(t), " ", shape_text(t), detail);
+  d.call = absl::StrCat(internal::dtype_name(t), " ", internal::shape_text(t), detail);
   return d;
 }
 

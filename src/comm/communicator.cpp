@@ -155,7 +155,7 @@ result<Work> Communicator::all_gather_async(at::Tensor& output, const at::Tensor
   if (output.sizes().vec() != expected) {
     return invalid(
         name, absl::StrCat("output: expected [", absl::StrJoin(expected, ", "),
-                           "] (size() * input.size(0) rows), got ", detail::shape_text(output)));
+                           "] (size() * input.size(0) rows), got ", internal::shape_text(output)));
   }
   Op d;
   d.name = name;
@@ -190,9 +190,9 @@ result<Work> Communicator::all_gather_async(std::vector<at::Tensor>& outputs,
     if (!ok) return ok.error();
     if (outputs[r].sizes() != input.sizes() || outputs[r].scalar_type() != input.scalar_type()) {
       return invalid(name, absl::StrCat(arg, ": expected ", internal::dtype_name(input), " ",
-                                        detail::shape_text(input), " (input's), got ",
+                                        internal::shape_text(input), " (input's), got ",
                                         internal::dtype_name(outputs[r]), " ",
-                                        detail::shape_text(outputs[r])));
+                                        internal::shape_text(outputs[r])));
     }
   }
   Op d;
@@ -231,7 +231,7 @@ result<Work> Communicator::reduce_scatter_async(at::Tensor& output, const at::Te
   if (input.sizes().vec() != expected) {
     return invalid(
         name, absl::StrCat("input: expected [", absl::StrJoin(expected, ", "),
-                           "] (size() * output.size(0) rows), got ", detail::shape_text(input)));
+                           "] (size() * output.size(0) rows), got ", internal::shape_text(input)));
   }
   Op d;
   d.name = name;
@@ -306,8 +306,8 @@ result<Work> Communicator::all_to_all_async(at::Tensor& output, const at::Tensor
     }
     if (output.sizes() != input.sizes()) {
       return invalid(name,
-                     absl::StrCat("output: expected input's shape ", detail::shape_text(input),
-                                  " for equal splits, got ", detail::shape_text(output)));
+                     absl::StrCat("output: expected input's shape ", internal::shape_text(input),
+                                  " for equal splits, got ", internal::shape_text(output)));
     }
     d.empty = input.numel() == 0;
     d.check = detail::plain(input, "(equal)");

@@ -5,16 +5,13 @@
 
 #include "dtype_name.h"
 #include "string_view_bridge.h"
+#include "validate.h"
 
 namespace keel {
 inline namespace v1 {
 namespace comm::detail {
 
 using internal::to_absl;
-
-std::string shape_text(const at::Tensor& t) {
-  return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]");
-}
 
 std::string trailing_text(const at::Tensor& t) {
   auto s = t.sizes().vec();
@@ -27,7 +24,7 @@ std::uint64_t nbytes(const at::Tensor& t) {
 }
 
 Error invalid(std::string_view op, const std::string& message) {
-  return {Errc::invalid_argument, absl::StrCat("keel::comm::", to_absl(op), ": ", message)};
+  return internal::invalid(absl::StrCat("keel::comm::", to_absl(op)), message);
 }
 
 result<void> validate_options(const CommOptions& o) {
@@ -78,7 +75,7 @@ result<void> check_tensor(const GroupState& g, std::string_view op, std::string_
                                     " (the communicator's device), got ", t.device().str()));
   }
   if (!t.is_contiguous()) {
-    return invalid(op, absl::StrCat(to_absl(arg), ": must be contiguous (", shape_text(t),
+    return invalid(op, absl::StrCat(to_absl(arg), ": must be contiguous (", internal::shape_text(t),
                                     " with strides [", absl::StrJoin(t.strides(), ", "), "])"));
   }
   if (t.is_sparse() || t.is_quantized()) {

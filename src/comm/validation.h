@@ -13,13 +13,12 @@
 #include "comm/state.h"
 #include "keel/v1/comm.h"
 #include "keel/v1/error.h"
+#include "validate.h"
 
 namespace keel {
 inline namespace v1 {
 namespace comm::detail {
 
-// "[2, 3]".
-std::string shape_text(const at::Tensor& t);
 // "[3]": the dims after the first (all_to_all splits rows).
 std::string trailing_text(const at::Tensor& t);
 std::uint64_t nbytes(const at::Tensor& t);

@@ -2,6 +2,7 @@
 // suites: every test runs on each; and whether the CUDA variants can run.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,11 @@
 #include <keel/keel.h>
 
 namespace keel::testing {
+
+// The seed every conformance fixture sets in SetUp(), so that each test
+// draws the same inputs whichever tests ran before it (or alone, or in
+// parallel processes).
+inline constexpr std::uint64_t kSeed = 20261203;
 
 inline std::vector<Backend> adapters_in_build() {
   std::vector<Backend> out;

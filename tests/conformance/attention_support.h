@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <keel/keel.h>
 
 #include "conformance/adapters.h"
@@ -84,6 +85,39 @@ inline void expect_within_rule(const Qkv& x, const AttentionSpec& spec, const At
   }
 }
 
+// The same rule for gradients (FlashAttention's rule for dq, dk and dv):
+// the gradients of `inputs` (leaves requiring grad, in the order given)
+// under the loss sum(out * up) (+ sum(lse * up_lse) where the call returns
+// the lse, -inf rows excluded), keel's against float64 autograd, each within
+// twice the error of the same-precision naive implementation's, plus
+// `floor`, which the caller justifies.
+inline void expect_gradients_within_rule(const Qkv& x, const AttentionSpec& spec,
+                                         const AttentionOutput& got,
+                                         const std::vector<at::Tensor>& inputs, double floor) {
+  ASSERT_TRUE(got.out.defined());
+  const at::Tensor up = at::randn(got.out.sizes(), at::kDouble);
+  const at::Tensor up_lse = at::randn(got.out.sizes().slice(0, 3), at::kDouble);
+  const auto loss_of = [&](const at::Tensor& out, const at::Tensor& lse) {
+    at::Tensor loss = (out.to(at::kDouble) * up).sum();
+    if (spec.return_lse) {
+      loss = loss + (lse.to(at::kDouble).masked_fill(lse.isinf(), 0) * up_lse).sum();
+    }
+    return loss;
+  };
+  const auto g = torch::autograd::grad({loss_of(got.out, got.lse)}, inputs);
+  const auto [ro, rl] = reference::attention(x.q, x.k, x.v, spec);
+  const auto rg = torch::autograd::grad({loss_of(ro, rl)}, inputs);
+  const auto [no, nl] = reference::attention(x.q, x.k, x.v, spec, x.q.scalar_type());
+  const auto ng = torch::autograd::grad({loss_of(no, nl)}, inputs);
+  for (std::size_t n = 0; n < g.size(); ++n) {
+    SCOPED_TRACE(n == 0 ? "grad q" : n == 1 ? "grad k" : n == 2 ? "grad v" : "grad bias");
+    EXPECT_FALSE(g[n].isnan().any().item<bool>());
+    const double err = max_error(g[n], rg[n]);
+    const double naive = max_error(ng[n], rg[n]);
+    EXPECT_LE(err, 2 * naive + floor) << "error " << err << ", naive " << naive;
+  }
+}
+
 // A suite parameterised by (adapter, named case): seeded per test, skipped on
 // an adapter that declines attention; each case is named in the test's name.
 //
@@ -119,7 +153,7 @@ class AdapterAndCase : public ::testing::TestWithParam<std::tuple<Backend, std::
  protected:
   void SetUp() override {
     at::set_num_threads(threads_for_test());
-    at::manual_seed(20261203);
+    at::manual_seed(testing::kSeed);
     if (const std::string why = testing::attention_refusal(adapter()); !why.empty()) {
       GTEST_SKIP() << why;
     }

@@ -140,6 +140,7 @@ class CudaConformance : public ::testing::TestWithParam<Backend> {
   bool skip_loss() const { return GetParam() == Backend::native; }
   void SetUp() override {
     if (const std::string why = testing::cuda_unavailable(); !why.empty()) GTEST_SKIP() << why;
+    at::manual_seed(testing::kSeed);
     const std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
     const bool runs_attention = name.rfind("Attention", 0) == 0 ||
                                 name.rfind("BlockSparse", 0) == 0 ||

@@ -17,6 +17,7 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 class LogsumexpConformance : public ::testing::TestWithParam<Backend> {
  protected:
+  void SetUp() override { at::manual_seed(testing::kSeed); }
   LogsumexpOptions options_for(std::int64_t dim = -1, bool keepdim = false) const {
     LogsumexpOptions o;
     o.dim = dim;

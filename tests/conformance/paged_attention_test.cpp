@@ -335,7 +335,7 @@ const std::vector<PagedBadInput>& paged_bad_inputs() {
 class PagedBadInputTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PagedBadInputTest, IsAnErrorNamingTheFieldNeverARead) {
-  at::manual_seed(20261203);
+  at::manual_seed(testing::kSeed);
   const PagedBadInput* c = &case_named(paged_bad_inputs(), GetParam());
   // 2 sequences of 40 and 20 keys, 4 table entries of 16 keys each.
   Paged p = make_paged(decode_shape(2, 4, 2, 1, 64, 32, 32), at::kFloat, 16, {40, 20});

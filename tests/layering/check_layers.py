@@ -16,22 +16,24 @@ import sys
 # layer: (one of its sources, forbidden includes, permitted includes)
 LAYERS = {
     "keel_kernels": ("compat/decode_attention.cpp",
-                     ["dispatch/attention.h", "guard.h", "c10d_engine.h", "comm/liveness.h"],
+                     ["dispatch/attention.h", "guard.h", "validate.h", "c10d_engine.h",
+                      "comm/liveness.h"],
                      ["attention_mask.h"]),
     "keel_adapter_c10d": ("adapters/common/c10d_engine.cpp",
                           ["comm/liveness.h", "dispatcher.h", "attention_mask.h",
                            "compat/compat_adapter.h"],
                           ["dispatch/comm.h"]),
     "keel_adapters": ("adapters/compat/comm.cpp",
-                      ["comm/liveness.h", "dispatcher.h", "guard.h", "native/native_adapter.h"],
+                      ["comm/liveness.h", "dispatcher.h", "guard.h", "validate.h",
+                       "native/native_adapter.h"],
                       ["dispatch/comm.h", "masked_logsumexp.h", "c10d_backends.h"]),
     "keel_registry": ("adapters/registry.cpp",
                       ["comm/liveness.h", "masked_logsumexp.h", "c10d_backends.h"],
                       ["compat/compat_adapter.h"]),
     "keel_core": ("src/logsumexp.cpp",
-                  ["masked_logsumexp.h", "attention_mask.h", "c10d_backends.h",
-                   "compat/compat_adapter.h"],
-                  ["dispatch/comm.h", "comm/liveness.h"]),
+                  ["masked_logsumexp.h", "attention_mask.h", "accumulation.h", "flash_plan.h",
+                   "c10d_backends.h", "compat/compat_adapter.h"],
+                  ["dispatch/comm.h", "dispatch/capability.h", "dtype_name.h", "comm/liveness.h"]),
 }
 
 

@@ -25,8 +25,10 @@ struct LinearCrossEntropyCase {
   double logit_softcap = 0.0;
 };
 
-// Every tensor is converted to float64; pass float64 leaves requiring grad
-// to differentiate. Returns {loss, per-token loss [N], lse [N]}.
+// Every tensor is converted to `compute` (float64: the reference; the
+// input's own dtype: the naive computation a user would write, whose error
+// bounds keel's); pass leaves of that dtype requiring grad to differentiate.
+// Returns {loss, per-token loss [N], lse [N]}.
 struct LinearCrossEntropyReference {
   at::Tensor loss;
   at::Tensor per_token;
@@ -36,8 +38,11 @@ struct LinearCrossEntropyReference {
 inline LinearCrossEntropyReference linear_cross_entropy(const at::Tensor& hidden,
                                                         const at::Tensor& weight,
                                                         const at::Tensor& target,
-                                                        const LinearCrossEntropyCase& c) {
-  const auto d = [](const at::Tensor& t) { return t.defined() ? t.to(at::kDouble) : at::Tensor(); };
+                                                        const LinearCrossEntropyCase& c,
+                                                        at::ScalarType compute = at::kDouble) {
+  const auto d = [compute](const at::Tensor& t) {
+    return t.defined() ? t.to(compute) : at::Tensor();
+  };
   const at::Tensor h = d(hidden).reshape({-1, hidden.size(-1)});
   const at::Tensor y = target.reshape({-1});
   const std::int64_t vocab = weight.size(0);
@@ -59,7 +64,7 @@ inline LinearCrossEntropyReference linear_cross_entropy(const at::Tensor& hidden
   at::Tensor loss;
   switch (c.reduction) {
     case Reduction::mean:
-      loss = per_token.sum() / (w_y * kept.to(at::kDouble)).sum();
+      loss = per_token.sum() / (w_y * kept.to(compute)).sum();
       break;
     case Reduction::sum:
       loss = per_token.sum();

@@ -1,4 +1,8 @@
+#include <algorithm>
 #include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
 
 #include <gtest/gtest.h>
 #include <keel/keel.h>
@@ -34,6 +38,82 @@ TEST(BuildInfo, CompatAlwaysAndNativeExactlyFrom213) {
   for (const AdapterInfo& a : info.adapters) {
     ASSERT_FALSE(a.capabilities.empty()) << a.name;
     EXPECT_EQ(a.capabilities[0].operation, "logsumexp");
+  }
+}
+
+// What keel-info lists is what dispatch serves: for every adapter, every
+// floating dtype is served under that adapter exactly when its capability
+// lists it, and a feature a call needs exactly when it is listed.
+const CapabilityInfo* capability(const AdapterInfo& a, const std::string& operation) {
+  for (const CapabilityInfo& c : a.capabilities) {
+    if (c.operation == operation) return &c;
+  }
+  return nullptr;
+}
+
+bool lists(const std::vector<std::string>& names, const std::string& name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+Backend backend_named(const std::string& name) {
+  return name == "native" ? Backend::native : Backend::compat;
+}
+
+const std::pair<at::ScalarType, const char*> kFloats[] = {{at::kHalf, "float16"},
+                                                          {at::kBFloat16, "bfloat16"},
+                                                          {at::kFloat, "float32"},
+                                                          {at::kDouble, "float64"}};
+
+TEST(BuildInfo, LogsumexpServesWhatItsCapabilityLists) {
+  for (const AdapterInfo& a : build_info().adapters) {
+    const CapabilityInfo* c = capability(a, "logsumexp");
+    ASSERT_NE(c, nullptr) << a.name;
+    for (const auto& [dtype, name] : kFloats) {
+      SCOPED_TRACE(a.name + " " + name);
+      LogsumexpOptions o;
+      o.dispatch.backend = backend_named(a.name);
+      const at::Tensor x = at::ones({2, 3}, dtype);
+      EXPECT_EQ(static_cast<bool>(logsumexp(x, o)), lists(c->dtypes, name));
+      o.mask = at::ones({2, 3}, at::kBool);
+      EXPECT_EQ(static_cast<bool>(logsumexp(x, o)),
+                lists(c->dtypes, name) && lists(c->features, "mask"));
+    }
+  }
+}
+
+TEST(BuildInfo, LinearCrossEntropyServesWhatItsCapabilityLists) {
+  for (const AdapterInfo& a : build_info().adapters) {
+    const CapabilityInfo* c = capability(a, "linear_cross_entropy");
+    ASSERT_NE(c, nullptr) << a.name;
+    for (const auto& [dtype, name] : kFloats) {
+      SCOPED_TRACE(a.name + " " + name);
+      LinearCrossEntropyOptions o;
+      o.dispatch.backend = backend_named(a.name);
+      const auto r = linear_cross_entropy(at::ones({4, 8}, dtype), at::ones({5, 8}, dtype),
+                                          at::zeros({4}, at::kLong), o);
+      EXPECT_EQ(static_cast<bool>(r), lists(c->dtypes, name));
+      if (!r) {
+        EXPECT_EQ(r.error().code(), Errc::unsupported);
+      }
+    }
+  }
+}
+
+TEST(BuildInfo, AttentionServesWhatItsCapabilityLists) {
+  for (const AdapterInfo& a : build_info().adapters) {
+    const CapabilityInfo* c = capability(a, "attention");
+    ASSERT_NE(c, nullptr) << a.name;
+    for (const auto& [dtype, name] : kFloats) {
+      SCOPED_TRACE(a.name + " " + name);
+      AttentionSpec spec;
+      spec.dispatch.backend = backend_named(a.name);
+      const at::Tensor q = at::ones({1, 2, 3, 4}, dtype);
+      const auto r = attention(q, q, q, spec);
+      EXPECT_EQ(static_cast<bool>(r), lists(c->dtypes, name));
+      if (!r) {
+        EXPECT_EQ(r.error().code(), Errc::unsupported);
+      }
+    }
   }
 }
 

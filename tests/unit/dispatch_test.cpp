@@ -13,26 +13,34 @@
 namespace keel::internal {
 namespace {
 
-// A kernel that serves a call or declines it, and counts the questions.
+// A kernel that serves every float32 CPU call or declines them all, and
+// counts the questions.
 class FakeKernel final : public LogsumexpKernel {
  public:
-  explicit FakeKernel(bool serves) : serves_(serves) {}
-  Support supports(const LogsumexpCall&) const override {
+  explicit FakeKernel(bool serves)
+      : capability_(serves ? Capability{} : Capability::none("logsumexp", "the fake declines")) {
+    if (serves) {
+      capability_.operation = "logsumexp";
+      capability_.dtypes = {at::kFloat};
+      capability_.devices = {c10::DeviceType::CPU};
+    }
+  }
+  const Capability& capability() const noexcept override {
     ++asked;
-    return serves_ ? Support::yes() : Support::no("the fake declines");
+    return capability_;
   }
   at::Tensor run(const LogsumexpCall& call) const override { return call.input; }
   mutable int asked = 0;
 
  private:
-  bool serves_;
+  Capability capability_;
 };
 
 class FakeAdapter final : public Adapter {
  public:
   FakeAdapter(Backend kind, bool serves) : kind_(kind), kernel_(serves) {}
   Backend kind() const noexcept override { return kind_; }
-  AdapterInfo info() const override { return {std::string(to_string(kind_)), "fake", {}}; }
+  std::string description() const override { return "fake"; }
   const LogsumexpKernel* logsumexp() const noexcept override { return &kernel_; }
   const FakeKernel& kernel() const { return kernel_; }
 

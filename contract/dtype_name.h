@@ -1,8 +1,17 @@
-#include "dtype_name.h"
+// PyTorch's Python names for dtypes ("float32", "bfloat16", "int64"), as
+// users know them, for messages, reports and keel-info; c10::toString's
+// names ("Float", "BFloat16") for the rest. In the contract, so that the
+// core and the adapters name a dtype alike.
+#pragma once
+
+#include <string>
+
+#include <ATen/core/TensorBase.h>
+#include <c10/core/ScalarType.h>
 
 namespace keel::internal {
 
-std::string dtype_name(c10::ScalarType type) {
+inline std::string dtype_name(c10::ScalarType type) {
   switch (type) {
     case c10::kFloat:
       return "float32";
@@ -27,6 +36,10 @@ std::string dtype_name(c10::ScalarType type) {
     default:
       return {c10::toString(type)};
   }
+}
+
+inline std::string dtype_name(const at::TensorBase& t) {
+  return dtype_name(t.scalar_type());
 }
 
 }  // namespace keel::internal
