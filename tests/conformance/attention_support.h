@@ -14,8 +14,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
-#include <torch/csrc/autograd/autograd.h>
 #include <keel/keel.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include "conformance/adapters.h"
 #include "reference/attention_reference.h"

@@ -160,8 +160,8 @@ double max_error(const at::Tensor& got, const at::Tensor& want) {
 // computation happens to get exact, where keel's other (equally valid)
 // summation order still rounds.
 void expect_within_naive(const at::Tensor& got, const at::Tensor& naive, const at::Tensor& want) {
-  const double floor = 4 * std::numeric_limits<float>::epsilon() *
-                       std::max(1.0, want.abs().max().item<double>());
+  const double floor =
+      4 * std::numeric_limits<float>::epsilon() * std::max(1.0, want.abs().max().item<double>());
   const double err = max_error(got, want);
   const double naive_err = max_error(naive, want);
   EXPECT_LE(err, 2 * naive_err + floor) << "error " << err << ", naive " << naive_err;
