@@ -18,9 +18,12 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "conformance/adapters.h"
+#include "conformance/error_bounds.h"
 #include "reference/attention_reference.h"
 
 namespace keel::attention_suite {
+
+using testing::max_error;
 
 struct Shape {
   std::int64_t B = 2, Hq = 4, Hkv = 2, Lq = 200, Lk = 200, E = 32, Ev = 32;
@@ -42,14 +45,6 @@ inline AttentionSpec with_masks(std::vector<Mask> masks,
   spec.masks = std::move(masks);
   spec.combine = combine;
   return spec;
-}
-
-inline double max_error(const at::Tensor& got, const at::Tensor& want) {
-  const at::Tensor g = got.detach().to(at::kDouble);
-  const at::Tensor w = want.detach().to(at::kDouble);
-  const at::Tensor finite = w.isfinite();
-  if (!finite.any().item<bool>()) return 0.0;
-  return (g - w).abs().masked_select(finite).max().item<double>();
 }
 
 // Infinities (lse of fully masked rows) must match exactly; no NaN anywhere.

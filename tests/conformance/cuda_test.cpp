@@ -12,6 +12,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "conformance/adapters.h"
+#include "conformance/error_bounds.h"
 #include "reference/attention_reference.h"
 #include "reference/linear_cross_entropy_reference.h"
 #include "reference/logsumexp_reference.h"
@@ -19,6 +20,7 @@
 namespace keel {
 namespace {
 
+using testing::max_error;
 using torch::autograd::variable_list;
 
 at::Tensor longs(const std::vector<std::int64_t>& values) {
@@ -45,14 +47,6 @@ AttentionSpec spec_on(AttentionSpec spec, const at::Device& d) {
   spec.alibi_slopes = on(spec.alibi_slopes, d);
   spec.bias = on(spec.bias, d);
   return spec;
-}
-
-double max_error(const at::Tensor& got, const at::Tensor& want) {
-  const at::Tensor g = got.detach().cpu().to(at::kDouble);
-  const at::Tensor w = want.detach().cpu().to(at::kDouble);
-  const at::Tensor finite = w.isfinite();
-  if (!finite.any().item<bool>()) return 0.0;
-  return (g - w).abs().masked_select(finite).max().item<double>();
 }
 
 constexpr std::int64_t kB = 2, kHq = 4, kHkv = 2, kL = 300, kE = 64;

@@ -14,12 +14,14 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "conformance/adapters.h"
+#include "conformance/error_bounds.h"
 #include "harness/peak_memory.h"
 #include "reference/linear_cross_entropy_reference.h"
 
 namespace keel {
 namespace {
 
+using testing::max_error;
 using torch::autograd::variable_list;
 
 constexpr const char* kNativeReason = "only in Python";
@@ -148,10 +150,6 @@ variable_list gradients(const at::Tensor& loss, const variable_list& leaves,
 double max_relative_error(const at::Tensor& got, const at::Tensor& want) {
   const at::Tensor g = got.to(at::kDouble);
   return ((g - want).abs().max() / want.abs().max().clamp_min(1e-300)).item<double>();
-}
-
-double max_error(const at::Tensor& got, const at::Tensor& want) {
-  return (got.to(at::kDouble) - want).abs().max().item<double>();
 }
 
 // FlashAttention's rule: keel's error against float64 is at most twice the

@@ -6,6 +6,7 @@
 
 #include "loopback.h"
 #include "netlab.h"
+#include "support/scoped_env.h"
 #include "world.h"
 
 #include <fcntl.h>
@@ -271,10 +272,11 @@ TEST(CommDistributed, RankZeroDiesUnderTorchrunsAgentStoreAndTheOthersReform) {
   StoreProcess store;
   ASSERT_TRUE(store.serving(Millis(20000)));
   std::mt19937 rng(13);
-  ::setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
-  const KillOutcome o = kill_and_reform("all_gather", 3, /*victim=*/0, "auto", rng,
-                                        {"--port", std::to_string(store.port())});
-  ::unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+  const KillOutcome o = [&] {
+    const keel::testing::ScopedEnv agent_store("TORCHELASTIC_USE_AGENT_STORE", "True");
+    return kill_and_reform("all_gather", 3, /*victim=*/0, "auto", rng,
+                           {"--port", std::to_string(store.port())});
+  }();
   EXPECT_FALSE(o.hang || o.wrong_result || o.other_failure) << o.logs;
   EXPECT_EQ(o.detection_ms.size(), 2u) << o.logs;
 }

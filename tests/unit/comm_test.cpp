@@ -16,6 +16,7 @@
 #include <ATen/ATen.h>
 
 #include "keel/v1/comm.h"
+#include "support/scoped_env.h"
 
 namespace {
 
@@ -23,6 +24,7 @@ using keel::Errc;
 using keel::comm::CommOptions;
 using keel::comm::Communicator;
 using keel::comm::ReduceOp;
+using keel::testing::ScopedEnv;
 
 std::string temp_store() {
   static int counter = 0;
@@ -44,18 +46,6 @@ void expect_error(const keel::Error& e, Errc code, const std::string& names) {
   EXPECT_EQ(e.code(), code) << e.to_string();
   EXPECT_NE(e.message().find(names), std::string::npos) << e.to_string();
 }
-
-struct EnvGuard {
-  std::string name;
-  explicit EnvGuard(std::string n, const char* value) : name(std::move(n)) {
-    if (value == nullptr) {
-      ::unsetenv(name.c_str());
-    } else {
-      ::setenv(name.c_str(), value, 1);
-    }
-  }
-  ~EnvGuard() { ::unsetenv(name.c_str()); }
-};
 
 TEST(CommOptions, BadOptionsNameTheArgument) {
   struct Case {
@@ -103,26 +93,26 @@ TEST(CommOptions, EnvironmentIsParsedAsTorchrunAndSlurmSetIt) {
   CommOptions o;
   o.rendezvous = "env://";
   {
-    EnvGuard a("RANK", nullptr), b("WORLD_SIZE", nullptr), c("SLURM_PROCID", nullptr),
+    ScopedEnv a("RANK", nullptr), b("WORLD_SIZE", nullptr), c("SLURM_PROCID", nullptr),
         d("SLURM_NTASKS", nullptr);
     auto made = Communicator::create(o);
     ASSERT_FALSE(made);
     expect_error(made.error(), Errc::invalid_argument, "world size: not given");
   }
   {
-    EnvGuard a("RANK", "zero"), b("WORLD_SIZE", "1");
+    ScopedEnv a("RANK", "zero"), b("WORLD_SIZE", "1");
     auto made = Communicator::create(o);
     ASSERT_FALSE(made);
     expect_error(made.error(), Errc::invalid_argument, "RANK=\"zero\" is not an integer");
   }
   {
-    EnvGuard a("SLURM_PROCID", "0"), b("SLURM_NTASKS", "1"), c("MASTER_ADDR", nullptr);
+    ScopedEnv a("SLURM_PROCID", "0"), b("SLURM_NTASKS", "1"), c("MASTER_ADDR", nullptr);
     auto made = Communicator::create(o);
     ASSERT_FALSE(made);
     expect_error(made.error(), Errc::invalid_argument, "MASTER_ADDR is not set");
   }
   {
-    EnvGuard a("RANK", "0"), b("WORLD_SIZE", "1"), c("MASTER_ADDR", "127.0.0.1"),
+    ScopedEnv a("RANK", "0"), b("WORLD_SIZE", "1"), c("MASTER_ADDR", "127.0.0.1"),
         d("MASTER_PORT", "99999");
     auto made = Communicator::create(o);
     ASSERT_FALSE(made);
@@ -130,7 +120,7 @@ TEST(CommOptions, EnvironmentIsParsedAsTorchrunAndSlurmSetIt) {
   }
   {
     // Slurm's variables stand in for torchrun's, and the rank comes out.
-    EnvGuard a("SLURM_PROCID", "0"), b("SLURM_NTASKS", "1"), c("SLURM_LOCALID", "0");
+    ScopedEnv a("SLURM_PROCID", "0"), b("SLURM_NTASKS", "1"), c("SLURM_LOCALID", "0");
     CommOptions f = single();
     f.rank.reset();
     f.world_size.reset();

@@ -9,6 +9,7 @@
 
 #include "dispatch/logsumexp.h"
 #include "dispatcher.h"
+#include "support/scoped_env.h"
 
 namespace keel::internal {
 namespace {
@@ -47,28 +48,6 @@ class FakeAdapter final : public Adapter {
  private:
   Backend kind_;
   FakeKernel kernel_;
-};
-
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    if (value != nullptr)
-      ::setenv(name, value, 1);
-    else
-      ::unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (had_)
-      ::setenv(name_, old_.c_str(), 1);
-    else
-      ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
 };
 
 struct Fixture {
@@ -160,7 +139,7 @@ TEST(Backend, ParsesExactlyTheThreeNames) {
 }
 
 TEST(Request, CallThenEnvironmentThenProcessDefault) {
-  ScopedEnv env("KEEL_BACKEND", nullptr);
+  testing::ScopedEnv env("KEEL_BACKEND", nullptr);
   set_default_backend(Backend::unset);
   EXPECT_EQ(resolve_request({}).value().backend, Backend::automatic);
   EXPECT_STREQ(resolve_request({}).value().source, "built-in default");
@@ -169,7 +148,7 @@ TEST(Request, CallThenEnvironmentThenProcessDefault) {
   EXPECT_EQ(default_backend(), Backend::compat);
   EXPECT_STREQ(resolve_request({}).value().source, "process default");
   {
-    ScopedEnv native("KEEL_BACKEND", "native");
+    testing::ScopedEnv native("KEEL_BACKEND", "native");
     EXPECT_EQ(resolve_request({}).value().backend, Backend::native);
     EXPECT_STREQ(resolve_request({}).value().source, "KEEL_BACKEND");
     DispatchOptions per_call;
@@ -178,7 +157,7 @@ TEST(Request, CallThenEnvironmentThenProcessDefault) {
     EXPECT_STREQ(resolve_request(per_call).value().source, "call");
   }
   {
-    ScopedEnv blank("KEEL_BACKEND", "  ");  // blank counts as unset
+    testing::ScopedEnv blank("KEEL_BACKEND", "  ");  // blank counts as unset
     EXPECT_STREQ(resolve_request({}).value().source, "process default");
   }
   set_default_backend(Backend::unset);
@@ -186,7 +165,7 @@ TEST(Request, CallThenEnvironmentThenProcessDefault) {
 }
 
 TEST(Request, UnknownKeelBackendIsAnErrorListingTheValidValues) {
-  ScopedEnv env("KEEL_BACKEND", "fast");
+  testing::ScopedEnv env("KEEL_BACKEND", "fast");
   auto r = resolve_request({});
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code(), Errc::invalid_argument);
@@ -209,29 +188,29 @@ TEST(Request, OutOfRangeBackendValueIsInvalidArgument) {
 TEST(BuiltinDispatch, EnvironmentSwitchesTheAdapterWithoutRebuild) {
   const bool has_native = build_info().adapters.size() == 2;
   {
-    ScopedEnv env("KEEL_BACKEND", "compat");
+    testing::ScopedEnv env("KEEL_BACKEND", "compat");
     auto r = logsumexp(at::zeros({2, 2}));
     ASSERT_TRUE(r);
     EXPECT_EQ(r.value().dispatch.served, Backend::compat);
     EXPECT_EQ(r.value().dispatch.requested_by, "KEEL_BACKEND");
   }
   {
-    ScopedEnv env("KEEL_BACKEND", "native");
+    testing::ScopedEnv env("KEEL_BACKEND", "native");
     auto r = logsumexp(at::zeros({2, 2}));
     ASSERT_EQ(static_cast<bool>(r), has_native);
     if (!has_native) {
       EXPECT_EQ(r.error().code(), Errc::unsupported);
     }
   }
-  ScopedEnv env("KEEL_BACKEND", nullptr);
+  testing::ScopedEnv env("KEEL_BACKEND", nullptr);
   auto r = logsumexp(at::zeros({2, 2}));
   ASSERT_TRUE(r);
   EXPECT_EQ(r.value().dispatch.served, has_native ? Backend::native : Backend::compat);
 }
 
 TEST(BuiltinDispatch, KeelLogDispatchLogsEachDecision) {
-  ScopedEnv backend("KEEL_BACKEND", nullptr);
-  ScopedEnv log("KEEL_LOG", "comm, dispatch");
+  testing::ScopedEnv backend("KEEL_BACKEND", nullptr);
+  testing::ScopedEnv log("KEEL_LOG", "comm, dispatch");
   ::testing::internal::CaptureStderr();
   LogsumexpOptions o;
   o.mask = at::ones({3}, at::kBool);
@@ -242,7 +221,7 @@ TEST(BuiltinDispatch, KeelLogDispatchLogsEachDecision) {
 }
 
 TEST(BuiltinDispatch, NothingIsLoggedWithoutKeelLog) {
-  ScopedEnv log("KEEL_LOG", nullptr);
+  testing::ScopedEnv log("KEEL_LOG", nullptr);
   ::testing::internal::CaptureStderr();
   ASSERT_TRUE(logsumexp(at::zeros({3})));
   EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
