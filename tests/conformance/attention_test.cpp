@@ -133,6 +133,23 @@ std::vector<MaskCase> mask_cases() {
        }}};
 }
 
+// The mask case named `name` (the cases are built once: their specs are
+// functions of the shape, so sharing them is safe).
+const MaskCase& mask_named(const std::string& name) {
+  static const std::vector<MaskCase> cases = mask_cases();
+  return case_named(cases, name);
+}
+
+// keel on `adapter`, which must serve the call; its output.
+AttentionOutput run_on(Backend adapter, const Qkv& x, AttentionSpec spec) {
+  spec.dispatch.backend = adapter;
+  auto r = attention(x.q, x.k, x.v, spec);
+  EXPECT_TRUE(r) << r.error().to_string();
+  if (!r) return {};
+  EXPECT_EQ(r.value().dispatch.served, adapter);
+  return std::move(r).value();
+}
+
 class AttentionConformance : public ::testing::TestWithParam<Backend> {
  protected:
   void SetUp() override {
@@ -152,45 +169,52 @@ class AttentionConformance : public ::testing::TestWithParam<Backend> {
     return spec;
   }
   AttentionOutput run(const Qkv& x, AttentionSpec spec) const {
-    auto r = attention(x.q, x.k, x.v, on_adapter(std::move(spec)));
-    EXPECT_TRUE(r) << r.error().to_string();
-    if (!r) return {};
-    EXPECT_EQ(r.value().dispatch.served, GetParam());
-    return std::move(r).value();
+    return run_on(GetParam(), x, std::move(spec));
   }
 };
 
-TEST_P(AttentionConformance, EveryMaskKindMatchesFloat64Reference) {
-  const Shape s;
-  for (const MaskCase& c : mask_cases()) {
-    for (bool lse : {false, true}) {
-      SCOPED_TRACE(std::string(c.name) + (lse ? " with lse" : ""));
-      const Qkv x = make_qkv(s);
-      AttentionSpec spec = c.spec(s);
-      spec.return_lse = lse;
-      expect_within_rule(x, spec, run(x, spec), 1e-6);
+// One named mask case per test, on every adapter that serves attention.
+class MaskConformance : public ::testing::TestWithParam<std::tuple<Backend, std::string>> {
+ protected:
+  void SetUp() override {
+    at::manual_seed(testing::kSeed);
+    if (const std::string why = testing::attention_refusal(adapter()); !why.empty()) {
+      GTEST_SKIP() << why;
     }
+  }
+  Backend adapter() const { return std::get<0>(GetParam()); }
+  const MaskCase& mask() const { return mask_named(std::get<1>(GetParam())); }
+  AttentionOutput run(const Qkv& x, AttentionSpec spec) const {
+    return run_on(adapter(), x, std::move(spec));
+  }
+};
+
+TEST_P(MaskConformance, MatchesFloat64Reference) {
+  const Shape s;
+  for (bool lse : {false, true}) {
+    SCOPED_TRACE(lse ? "with lse" : "without lse");
+    const Qkv x = make_qkv(s);
+    AttentionSpec spec = mask().spec(s);
+    spec.return_lse = lse;
+    expect_within_rule(x, spec, run(x, spec), 1e-6);
   }
 }
 
 // With q = 0 every visible key scores the same, and v = the identity makes
 // out[i, j] = 1 / (visible count) exactly where key j is visible: the mask
 // keel applied can be read back and compared bit for bit.
-TEST_P(AttentionConformance, MaskIsExactlyTheMaterialisedMask) {
+TEST_P(MaskConformance, IsExactlyTheMaterialisedMask) {
   Shape s;
   s.Lq = 150;
   s.Lk = 170;
   s.Ev = s.Lk;
-  for (const MaskCase& c : mask_cases()) {
-    SCOPED_TRACE(c.name);
-    Qkv x{at::zeros({s.B, s.Hq, s.Lq, s.E}, at::kDouble),
-          at::randn({s.B, s.Hkv, s.Lk, s.E}, at::kDouble),
-          at::eye(s.Lk, at::kDouble).expand({s.B, s.Hkv, s.Lk, s.Lk}).contiguous()};
-    const AttentionSpec spec = c.spec(s);
-    const AttentionOutput got = run(x, spec);
-    const at::Tensor want = reference::attention_mask(spec, s.B, s.Hq, s.Lq, s.Lk);
-    EXPECT_TRUE(at::equal(got.out > 0, want));
-  }
+  Qkv x{at::zeros({s.B, s.Hq, s.Lq, s.E}, at::kDouble),
+        at::randn({s.B, s.Hkv, s.Lk, s.E}, at::kDouble),
+        at::eye(s.Lk, at::kDouble).expand({s.B, s.Hkv, s.Lk, s.Lk}).contiguous()};
+  const AttentionSpec spec = mask().spec(s);
+  const AttentionOutput got = run(x, spec);
+  const at::Tensor want = reference::attention_mask(spec, s.B, s.Hq, s.Lq, s.Lk);
+  EXPECT_TRUE(at::equal(got.out > 0, want));
 }
 
 TEST_P(AttentionConformance, QueryAndKeyLengthsDifferWithBothAlignments) {
@@ -225,7 +249,8 @@ TEST_P(AttentionConformance, GroupedAndMultiQueryAttentionAndOddShapes) {
                         {"head dim 80, Ev != E", {1, 2, 2, 100, 140, 80, 48}},
                         {"decode Lq=1", {3, 4, 1, 1, 257, 64, 64}}};
   for (const Case& c : cases) {
-    for (const MaskCase& m : {mask_cases()[0], mask_cases()[2], mask_cases()[3]}) {
+    for (const char* mask_name : {"none", "causal_bottom_right", "sliding_window"}) {
+      const MaskCase& m = mask_named(mask_name);
       SCOPED_TRACE(std::string(c.name) + " " + m.name);
       const Qkv x = make_qkv(c.s);
       AttentionSpec spec = m.spec(c.s);
@@ -263,8 +288,9 @@ TEST_P(AttentionConformance, EveryScoreModifierMatchesReference) {
          p.bias = at::randn({1, s.Hq, 1, s.Lk});
        }}};
   for (const auto& [name, apply] : modifiers) {
-    for (const MaskCase& m :
-         {mask_cases()[0], mask_cases()[1], mask_cases()[3], mask_cases()[12]}) {
+    for (const char* mask_name :
+         {"none", "causal_top_left", "sliding_window", "causal_and_document"}) {
+      const MaskCase& m = mask_named(mask_name);
       for (bool lse : {false, true}) {
         SCOPED_TRACE(std::string(name) + " " + m.name + (lse ? " lse" : ""));
         const Qkv x = make_qkv(s);
@@ -280,8 +306,9 @@ TEST_P(AttentionConformance, EveryScoreModifierMatchesReference) {
 TEST_P(AttentionConformance, HalfPrecisionWithinTwiceTheNaiveError) {
   const Shape s;
   for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
-    for (const MaskCase& m : {mask_cases()[0], mask_cases()[1], mask_cases()[3], mask_cases()[7],
-                              mask_cases()[9], mask_cases()[11]}) {
+    for (const char* mask_name :
+         {"none", "causal_top_left", "sliding_window", "document", "block_mask", "bool_tensor"}) {
+      const MaskCase& m = mask_named(mask_name);
       for (bool lse : {false, true}) {
         SCOPED_TRACE(std::string(c10::toString(dtype)) + " " + m.name + (lse ? " lse" : ""));
         const Qkv x = make_qkv(s, dtype);
@@ -364,26 +391,24 @@ TEST_P(AttentionConformance, EmptySequencesAreValid) {
 }
 
 // Gradients of q, k, v and the bias against float64 reference autograd.
-TEST_P(AttentionConformance, GradientsMatchReferenceAutograd) {
+TEST_P(MaskConformance, GradientsMatchReferenceAutograd) {
   Shape s;
   s.Lq = 150;
   s.Lk = 170;
-  for (const MaskCase& m : mask_cases()) {
-    for (bool with_bias : {false, true}) {
-      SCOPED_TRACE(std::string(m.name) + (with_bias ? " bias" : ""));
-      Qkv x = make_qkv(s);
-      AttentionSpec spec = m.spec(s);
-      // Without bias and lse the dense cases run on SDPA: its backward is pinned too.
-      spec.return_lse = with_bias;
-      spec.softcap = with_bias ? 4.0 : 0.0;
-      std::vector<at::Tensor> inputs = {x.q.requires_grad_(true), x.k.requires_grad_(true),
-                                        x.v.requires_grad_(true)};
-      if (with_bias) {
-        spec.bias = at::randn({1, s.Hq, s.Lq, s.Lk}).requires_grad_(true);
-        inputs.push_back(spec.bias);
-      }
-      expect_gradients_within_rule(x, spec, run(x, spec), inputs, kGradientFloor);
+  for (bool with_bias : {false, true}) {
+    SCOPED_TRACE(with_bias ? "bias, softcap and lse" : "plain");
+    Qkv x = make_qkv(s);
+    AttentionSpec spec = mask().spec(s);
+    // Without bias and lse the dense cases run on SDPA: its backward is pinned too.
+    spec.return_lse = with_bias;
+    spec.softcap = with_bias ? 4.0 : 0.0;
+    std::vector<at::Tensor> inputs = {x.q.requires_grad_(true), x.k.requires_grad_(true),
+                                      x.v.requires_grad_(true)};
+    if (with_bias) {
+      spec.bias = at::randn({1, s.Hq, s.Lq, s.Lk}).requires_grad_(true);
+      inputs.push_back(spec.bias);
     }
+    expect_gradients_within_rule(x, spec, run(x, spec), inputs, kGradientFloor);
   }
 }
 
@@ -635,6 +660,10 @@ TEST_P(AttentionConformance, BadInputIsInvalidArgumentNamingTheArgument) {
 
 INSTANTIATE_TEST_SUITE_P(EveryAdapter, AttentionConformance,
                          ::testing::ValuesIn(testing::adapters_in_build()), testing::adapter_name);
+INSTANTIATE_TEST_SUITE_P(EveryAdapter, MaskConformance,
+                         ::testing::Combine(::testing::ValuesIn(testing::adapters_in_build()),
+                                            ::testing::ValuesIn(names_of(mask_cases()))),
+                         adapter_and_case_name);
 
 // Decode and speculative verification (a few queries, Lq <= 16) and chunked
 // prefill (Lq = 128 < Lk) against a cache, grouped-query heads, every mask a
