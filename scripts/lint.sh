@@ -17,7 +17,7 @@ for c in commands:
     c["command"] = re.sub(r"-include \S*cmake_pch\.hxx|-Winvalid-pch", "", c["command"])
 json.dump(commands, open(sys.argv[2], "w"), indent=1)
 PY
-mapfile -t files < <(git ls-files 'src/*.cpp' 'adapters/*.cpp' 'compat/*.cpp' 'examples/*.cpp' |
+mapfile -t files < <(git ls-files 'src/*.cpp' 'adapters/*.cpp' 'kernels/*.cpp' 'examples/*.cpp' |
   while read -r f; do grep -q "\"file\": \"$PWD/$f\"" "$lint_dir/compile_commands.json" && echo "$f"; done)
 printf '%s\n' "${files[@]}" | xargs -P "$(nproc)" -n 1 clang-tidy --quiet -p "$lint_dir"
 echo "keel: clang-tidy clean on ${#files[@]} files"

@@ -6,7 +6,7 @@ namespace keel::adapters {
 
 using WorkPtr = internal::CommEngine::WorkPtr;
 
-WorkPtr BackendEngine::all_reduce(at::Tensor& tensor, c10d::ReduceOp op, Millis timeout) {
+WorkPtr C10dEngine::all_reduce(at::Tensor& tensor, c10d::ReduceOp op, Millis timeout) {
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions opts;
   opts.reduceOp = std::move(op);
@@ -14,14 +14,14 @@ WorkPtr BackendEngine::all_reduce(at::Tensor& tensor, c10d::ReduceOp op, Millis 
   return backend_->allreduce(tensors, opts);
 }
 
-WorkPtr BackendEngine::all_gather(at::Tensor& output, at::Tensor& input, Millis timeout) {
+WorkPtr C10dEngine::all_gather(at::Tensor& output, at::Tensor& input, Millis timeout) {
   c10d::AllgatherOptions opts;
   opts.timeout = timeout;
   return backend_->_allgather_base(output, input, opts);
 }
 
-WorkPtr BackendEngine::all_gather_list(std::vector<at::Tensor>& outputs, at::Tensor& input,
-                                       Millis timeout) {
+WorkPtr C10dEngine::all_gather_list(std::vector<at::Tensor>& outputs, at::Tensor& input,
+                                    Millis timeout) {
   std::vector<std::vector<at::Tensor>> out{outputs};
   std::vector<at::Tensor> in{input};
   c10d::AllgatherOptions opts;
@@ -30,15 +30,15 @@ WorkPtr BackendEngine::all_gather_list(std::vector<at::Tensor>& outputs, at::Ten
   return backend_->allgather(out, in, opts);
 }
 
-WorkPtr BackendEngine::reduce_scatter(at::Tensor& output, at::Tensor& input, c10d::ReduceOp op,
-                                      Millis timeout) {
+WorkPtr C10dEngine::reduce_scatter(at::Tensor& output, at::Tensor& input, c10d::ReduceOp op,
+                                   Millis timeout) {
   c10d::ReduceScatterOptions opts;
   opts.reduceOp = std::move(op);
   opts.timeout = timeout;
   return backend_->_reduce_scatter_base(output, input, opts);
 }
 
-WorkPtr BackendEngine::broadcast(at::Tensor& tensor, int root, Millis timeout) {
+WorkPtr C10dEngine::broadcast(at::Tensor& tensor, int root, Millis timeout) {
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
@@ -46,31 +46,31 @@ WorkPtr BackendEngine::broadcast(at::Tensor& tensor, int root, Millis timeout) {
   return backend_->broadcast(tensors, opts);
 }
 
-WorkPtr BackendEngine::all_to_all(at::Tensor& output, at::Tensor& input,
-                                  std::vector<std::int64_t> output_splits,
-                                  std::vector<std::int64_t> input_splits, Millis timeout) {
+WorkPtr C10dEngine::all_to_all(at::Tensor& output, at::Tensor& input,
+                               std::vector<std::int64_t> output_splits,
+                               std::vector<std::int64_t> input_splits, Millis timeout) {
   c10d::AllToAllOptions opts;
   opts.timeout = timeout;
   return backend_->alltoall_base(output, input, output_splits, input_splits, opts);
 }
 
-WorkPtr BackendEngine::send(at::Tensor& tensor, int peer, int tag) {
+WorkPtr C10dEngine::send(at::Tensor& tensor, int peer, int tag) {
   std::vector<at::Tensor> tensors{tensor};
   return backend_->send(tensors, peer, tag);
 }
 
-WorkPtr BackendEngine::recv(at::Tensor& tensor, int peer, int tag) {
+WorkPtr C10dEngine::recv(at::Tensor& tensor, int peer, int tag) {
   std::vector<at::Tensor> tensors{tensor};
   return backend_->recv(tensors, peer, tag);
 }
 
-WorkPtr BackendEngine::barrier(Millis timeout) {
+WorkPtr C10dEngine::barrier(Millis timeout) {
   c10d::BarrierOptions opts;
   opts.timeout = timeout;
   return backend_->barrier(opts);
 }
 
-void BackendEngine::abort() noexcept {
+void C10dEngine::abort() noexcept {
   try {
     backend_->abort();
   } catch (...) {  // NOLINT(bugprone-empty-catch): abort is best effort by contract

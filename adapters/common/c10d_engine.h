@@ -14,10 +14,9 @@
 
 namespace keel::adapters {
 
-class BackendEngine : public internal::CommEngine {
+class C10dEngine : public internal::CommEngine {
  public:
-  explicit BackendEngine(c10::intrusive_ptr<c10d::Backend> backend)
-      : backend_(std::move(backend)) {}
+  explicit C10dEngine(c10::intrusive_ptr<c10d::Backend> backend) : backend_(std::move(backend)) {}
 
   WorkPtr all_reduce(at::Tensor& tensor, c10d::ReduceOp op, Millis timeout) override;
   WorkPtr all_gather(at::Tensor& output, at::Tensor& input, Millis timeout) override;
@@ -59,7 +58,7 @@ class C10dComm : public internal::CommKernel {
 // A comm kernel whose engine calls c10d::Backend itself (no ProcessGroup):
 // wraps each backend in an `Engine`.
 template <class Engine>
-class BackendComm final : public C10dComm {
+class C10dEngineComm final : public C10dComm {
  public:
   using C10dComm::C10dComm;
   std::unique_ptr<internal::CommEngine> create(

@@ -40,11 +40,11 @@ internal::AttentionResult gathered_paged_route(const internal::AttentionCall& ca
   AttentionDispatch route;
   for (std::int64_t b = 0; b < batch; ++b) {
     const auto len = lengths[b].item<std::int64_t>();
-    const at::Tensor ids = table[b].narrow(0, 0, compat::block_count(len, page_size));
+    const at::Tensor ids = table[b].narrow(0, 0, kernels::block_count(len, page_size));
     const at::Tensor q = call.q.narrow(0, b, 1);
     const at::Tensor k = gather(cache.k_pages, ids, len);
     const at::Tensor v = gather(cache.v_pages, ids, len);
-    const AttentionSpec spec = compat::paged_sequence_spec(call.spec, b, batch, len, logical_len);
+    const AttentionSpec spec = kernels::paged_sequence_spec(call.spec, b, batch, len, logical_len);
     internal::AttentionResult one = contiguous_route({q, k, v, spec, call.scale});
     outs.push_back(std::move(one.out));
     if (call.spec.return_lse) lses.push_back(std::move(one.lse));
@@ -61,25 +61,26 @@ internal::AttentionResult gathered_paged_route(const internal::AttentionCall& ca
   return r;
 }
 
-// A paged cache goes to compat::paged_attention on the CPU (pages read where
+// A paged cache goes to kernels::paged_attention on the CPU (pages read where
 // they lie), gathered per sequence elsewhere; on a contiguous cache, a few
-// queries (decode) go to compat::decode_attention, dense calls SDPA computes
+// queries (decode) go to kernels::decode_attention, dense calls SDPA computes
 // exactly to at::scaled_dot_product_attention, the rest to
-// compat::block_sparse_attention. `path` says which, and why.
+// kernels::block_sparse_attention. `path` says which, and why.
 internal::AttentionResult compat_attention_route(const internal::AttentionCall& call) {
   // Every route allocates on q's device: make it the current one (a no-op on
   // the CPU), as ATen's own ops do.
   const at::OptionalDeviceGuard device(at::device_of(call.q));
   if (call.paged == nullptr) return contiguous_route(call);
   if (!call.q.device().is_cpu()) return gathered_paged_route(call);
-  compat::BlockSparseResult d = compat::paged_attention(call.q, *call.paged, call.spec, call.scale);
+  kernels::BlockSparseResult d =
+      kernels::paged_attention(call.q, *call.paged, call.spec, call.scale);
   internal::AttentionResult r;
   r.out = std::move(d.out);
   if (call.spec.return_lse) r.lse = std::move(d.lse);
   r.path = absl::StrCat(
-      "ran compat::paged_attention (pages read where they lie, a tile at a "
+      "ran kernels::paged_attention (pages read where they lie, a tile at a "
       "time; each kv head once per block of ",
-      compat::kDecodeMaxQueries,
+      kernels::kDecodeMaxQueries,
       " queries; fraction of the sequences' keys read: ", d.visible_fraction, ")");
   r.route = {AttentionRoute::paged, -1, d.visible_fraction};
   return r;
@@ -87,28 +88,29 @@ internal::AttentionResult compat_attention_route(const internal::AttentionCall& 
 
 internal::AttentionResult contiguous_route(const internal::AttentionCall& call) {
   internal::AttentionResult r;
-  if (compat::decode_serves(call.q, call.k, call.v, call.spec)) {
-    compat::BlockSparseResult d =
-        compat::decode_attention(call.q, call.k, call.v, call.spec, call.scale);
+  if (kernels::decode_serves(call.q, call.k, call.v, call.spec)) {
+    kernels::BlockSparseResult d =
+        kernels::decode_attention(call.q, call.k, call.v, call.spec, call.scale);
     r.out = std::move(d.out);
     if (call.spec.return_lse) r.lse = std::move(d.lse);
-    r.path = absl::StrCat("ran compat::decode_attention (decode, Lq <= ", compat::kDecodeMaxQueries,
-                          ", or chunked prefill, Lq < Lk <= ", compat::kPrefillMaxQueries,
-                          ": each kv head read once for its query group, only the visible keys; "
-                          "fraction of the cache read per block of queries: ",
-                          d.visible_fraction, ")");
+    r.path =
+        absl::StrCat("ran kernels::decode_attention (decode, Lq <= ", kernels::kDecodeMaxQueries,
+                     ", or chunked prefill, Lq < Lk <= ", kernels::kPrefillMaxQueries,
+                     ": each kv head read once for its query group, only the visible keys; "
+                     "fraction of the cache read per block of queries: ",
+                     d.visible_fraction, ")");
     r.route = {AttentionRoute::decode, -1, d.visible_fraction};
     return r;
   }
-  const std::string refusal = compat::sdpa_refusal(call.q, call.k, call.v, call.spec);
+  const std::string refusal = kernels::sdpa_refusal(call.q, call.k, call.v, call.spec);
   if (refusal.empty()) {
-    r.out = compat::sdpa_attention(call.q, call.k, call.v, call.spec, call.scale);
+    r.out = kernels::sdpa_attention(call.q, call.k, call.v, call.spec, call.scale);
     r.path = "ran at::scaled_dot_product_attention (a dense call it computes exactly)";
     r.route = {AttentionRoute::dense, -1, 1.0};
     return r;
   }
-  compat::BlockSparseResult b =
-      compat::block_sparse_attention(call.q, call.k, call.v, call.spec, call.scale);
+  kernels::BlockSparseResult b =
+      kernels::block_sparse_attention(call.q, call.k, call.v, call.spec, call.scale);
   r.out = std::move(b.out);
   if (call.spec.return_lse) r.lse = std::move(b.lse);
   const std::string engine =
@@ -116,7 +118,7 @@ internal::AttentionResult contiguous_route(const internal::AttentionCall& call) 
           ? std::string("its tile loop on ATen ops")
           : absl::StrCat(b.kernel_calls,
                          " call(s) of at::_scaled_dot_product_flash_attention_for_cpu");
-  r.path = absl::StrCat("ran compat::block_sparse_attention (", engine, "), not SDPA, because ",
+  r.path = absl::StrCat("ran kernels::block_sparse_attention (", engine, "), not SDPA, because ",
                         refusal, " (fraction of scores computed: ", b.visible_fraction, ")");
   r.route = {AttentionRoute::block_sparse, b.kernel_calls, b.visible_fraction};
   return r;
@@ -146,9 +148,9 @@ internal::Capability attention_capability() {
                 "log-sum-exp",
                 "autograd"};
   c.implementation =
-      "compat::paged_attention for a paged cache on the CPU (pages read in place through a "
+      "kernels::paged_attention for a paged cache on the CPU (pages read in place through a "
       "bounded tile; gathered per sequence on other devices); "
-      "compat::decode_attention on the CPU for Lq <= 16 (decode, speculative verification) and "
+      "kernels::decode_attention on the CPU for Lq <= 16 (decode, speculative verification) and "
       "chunked prefill (Lq < Lk <= 1024, no score modifier): each kv head read once for its "
       "query group, only the visible keys of each sequence, no copy of the cache, on "
       "at::_scaled_dot_product_flash_attention_for_cpu with the group's queries as rows where it "
@@ -156,7 +158,7 @@ internal::Capability attention_capability() {
       "computes exactly (no "
       "mask, causal, a "
       "boolean mask without empty rows, a finite bias without gradient; no softcap or lse); "
-      "compat::block_sparse_attention otherwise: blocks of 128 classified from the mask spec, "
+      "kernels::block_sparse_attention otherwise: blocks of 128 classified from the mask spec, "
       "one call of at::_scaled_dot_product_flash_attention_for_cpu per contiguous range of "
       "visible key blocks (batched across query blocks; CPU, no score modifier, Ev == E), "
       "else a tile loop on plain ATen ops";

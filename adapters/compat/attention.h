@@ -1,6 +1,6 @@
 // The attention kernel of the compat adapter: dense calls SDPA computes
 // exactly go to at::scaled_dot_product_attention, the rest to
-// compat::block_sparse_attention (DispatchInfo::reason says which, and why).
+// kernels::block_sparse_attention (DispatchInfo::reason says which, and why).
 #pragma once
 
 #include "dispatch/attention.h"

@@ -18,13 +18,13 @@ class CompatLogsumexp final : public internal::LogsumexpKernel {
       c.dtypes = internal::floating_dtypes();
       c.devices = {c10::DeviceType::CPU, c10::DeviceType::CUDA};
       c.features = {internal::kFeatureMask, "keepdim", "zero gradient on empty rows"};
-      c.implementation = "compat::masked_logsumexp: max-shifted exp/sum/log in float32";
+      c.implementation = "kernels::masked_logsumexp: max-shifted exp/sum/log in float32";
       return c;
     }();
     return kCapability;
   }
   at::Tensor run(const internal::LogsumexpCall& call) const override {
-    return compat::masked_logsumexp(call.input, call.mask, call.dim, call.keepdim);
+    return kernels::masked_logsumexp(call.input, call.mask, call.dim, call.keepdim);
   }
 };
 
@@ -33,7 +33,7 @@ class CompatAdapter final : public internal::Adapter {
   Backend kind() const noexcept override { return Backend::compat; }
 
   std::string description() const override {
-    return "keel's own implementations on ATen ops present since libtorch 2.9 (compat/)";
+    return "keel's own implementations on ATen ops present since libtorch 2.9 (kernels/)";
   }
 
   const internal::LogsumexpKernel* logsumexp() const noexcept override { return &logsumexp_; }

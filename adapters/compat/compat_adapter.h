@@ -1,5 +1,5 @@
 // The compat adapter: every capability, on APIs present in libtorch 2.9 and
-// keel's own shims in compat/. Compiled into every build.
+// keel's own shims in kernels/. Compiled into every build.
 #pragma once
 
 #include <memory>

@@ -1,5 +1,5 @@
 // The compat adapter's linear_cross_entropy: keel's chunked implementation
-// (compat/chunked_linear_cross_entropy.*), on ATen ops present since 2.9.
+// (kernels/chunked_linear_cross_entropy.*), on ATen ops present since 2.9.
 #include "linear_cross_entropy.h"
 
 #include <memory>
@@ -11,22 +11,22 @@
 
 namespace keel::adapters {
 
-static_assert(compat::kMinAutomaticBudgetBytes == kLinearCrossEntropyChunkBudgetBytes,
+static_assert(kernels::kMinAutomaticBudgetBytes == kLinearCrossEntropyChunkBudgetBytes,
               "compat's automatic budget has the floor keel/v1/loss.h documents");
-static_assert(compat::kGradientBytesPerBudgetByte == 8,
+static_assert(kernels::kGradientBytesPerBudgetByte == 8,
               "keel/v1/loss.h documents the automatic budget as an eighth of the gradients");
 
 namespace {
-compat::LossReduction to_compat(Reduction r) {
+kernels::LossReduction to_compat(Reduction r) {
   switch (r) {
     case Reduction::sum:
-      return compat::LossReduction::sum;
+      return kernels::LossReduction::sum;
     case Reduction::none:
-      return compat::LossReduction::none;
+      return kernels::LossReduction::none;
     case Reduction::mean:
       break;
   }
-  return compat::LossReduction::mean;
+  return kernels::LossReduction::mean;
 }
 }  // namespace
 
@@ -36,7 +36,7 @@ internal::LinearCrossEntropyResult CompatLinearCrossEntropy::run(
   // The chunks allocate on hidden's device: make it current, so that a call
   // on cuda:1 from a thread whose current device is cuda:0 stays on cuda:1.
   const at::OptionalDeviceGuard device(at::device_of(call.hidden));
-  compat::LinearCrossEntropyConfig config;
+  kernels::LinearCrossEntropyConfig config;
   config.reduction = to_compat(o.reduction);
   config.ignore_index = o.ignore_index;
   config.label_smoothing = o.label_smoothing;
@@ -47,7 +47,7 @@ internal::LinearCrossEntropyResult CompatLinearCrossEntropy::run(
   config.budget_bytes = o.chunk_budget_bytes;  // 0: automatic
   config.accumulation = o.accumulation_dtype;
   if (call.shard != nullptr) {
-    auto shard = std::make_shared<compat::VocabShard>();
+    auto shard = std::make_shared<kernels::VocabShard>();
     shard->start = call.shard->start;
     shard->vocab = call.shard->vocab;
     shard->largest = call.shard->largest;
@@ -55,7 +55,7 @@ internal::LinearCrossEntropyResult CompatLinearCrossEntropy::run(
     shard->sum = call.shard->sum;
     config.shard = std::move(shard);
   }
-  compat::LinearCrossEntropyOutputs out = compat::chunked_linear_cross_entropy(
+  kernels::LinearCrossEntropyOutputs out = kernels::chunked_linear_cross_entropy(
       call.hidden, call.weight, o.bias, call.target, o.class_weights, config);
   return {std::move(out.loss), std::move(out.per_token_loss), std::move(out.lse)};
 }
@@ -80,7 +80,7 @@ const internal::Capability& CompatLinearCrossEntropy::capability() const noexcep
                   "per-token loss and lse",
                   "vocab_parallel (weight sharded by vocabulary over a keel::comm::Communicator)"};
     c.implementation =
-        "compat::chunked_linear_cross_entropy: token chunks, logits never materialised, "
+        "kernels::chunked_linear_cross_entropy: token chunks, logits never materialised, "
         "gradients formed in forward into the accumulation-dtype buffers handed to autograd, "
         "or recomputed in backward with vocabulary blocks";
     return c;

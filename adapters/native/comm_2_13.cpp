@@ -18,11 +18,11 @@
 namespace keel::adapters {
 namespace {
 
-class ProcessGroupEngine final : public BackendEngine {
+class ProcessGroupEngine final : public C10dEngine {
  public:
   ProcessGroupEngine(c10::intrusive_ptr<c10d::Backend> backend,
                      c10::intrusive_ptr<c10d::Store> store, int rank, int size)
-      : BackendEngine(backend),
+      : C10dEngine(backend),
         group_(c10::make_intrusive<c10d::ProcessGroup>(std::move(store), rank, size)) {
     const auto device =
         backend->getBackendName() == "nccl" ? c10::DeviceType::CUDA : c10::DeviceType::CPU;

@@ -20,9 +20,9 @@
 namespace keel::adapters {
 namespace {
 
-class CanonicalBackendEngine final : public BackendEngine {
+class CanonicalC10dEngine final : public C10dEngine {
  public:
-  using BackendEngine::BackendEngine;
+  using C10dEngine::C10dEngine;
 
   WorkPtr all_gather(at::Tensor& output, at::Tensor& input, Millis timeout) override {
     c10d::AllgatherOptions opts;
@@ -49,7 +49,7 @@ class CanonicalBackendEngine final : public BackendEngine {
 }  // namespace
 
 const internal::CommKernel& native_comm_kernel() {
-  static const BackendComm<CanonicalBackendEngine> kernel(
+  static const C10dEngineComm<CanonicalC10dEngine> kernel(
       "c10d::Backend with the canonical names of 2.14 (all_gather_single, "
       "reduce_scatter_single, all_to_all_single); the rest with the names 2.9 has");
   return kernel;

@@ -39,7 +39,7 @@ class NativeLogsumexp final : public internal::LogsumexpKernel {
     return kCapability;
   }
   at::Tensor run(const internal::LogsumexpCall& call) const override {
-    const at::Tensor x = call.input.to(compat::accumulation_dtype(call.input.scalar_type()));
+    const at::Tensor x = call.input.to(kernels::accumulation_dtype(call.input.scalar_type()));
     // at::logsumexp's backward is grad * exp(x - lse): NaN on an all -inf
     // row. keel promises 0 there, so such rows are fed zeros and set to -inf
     // after, which routes their gradient around the op.

@@ -15,7 +15,7 @@ import sys
 
 # layer: (one of its sources, forbidden includes, permitted includes)
 LAYERS = {
-    "keel_kernels": ("compat/decode_attention.cpp",
+    "keel_kernels": ("kernels/decode_attention.cpp",
                      ["dispatch/attention.h", "guard.h", "validate.h", "c10d_engine.h",
                       "comm/liveness.h"],
                      ["attention_mask.h"]),

@@ -1,5 +1,5 @@
 // The float64 reference for attention, on plain ATen ops and written
-// independently of compat/: the mask is materialised element by element
+// independently of kernels/: the mask is materialised element by element
 // (block masks by walking their index lists on the CPU), kv heads are
 // repeated with repeat_interleave, and softmax(QK^T * scale + modifiers) V is
 // computed over the whole [Lq, Lk] score matrix. Rows that see no key give

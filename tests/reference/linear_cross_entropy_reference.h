@@ -1,5 +1,5 @@
 // The float64 reference for linear_cross_entropy, on plain ATen ops and
-// written from the definition, independently of compat/: the full [N, V]
+// written from the definition, independently of kernels/: the full [N, V]
 // logits, their log-softmax, and PyTorch's cross-entropy formula with class
 // weights and label smoothing spelt out (aten/src/ATen/native/LossNLL.cpp:
 // (1 - s) * nll_loss + (s / V) * smooth_loss, where smooth_loss for a token

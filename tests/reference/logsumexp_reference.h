@@ -1,5 +1,5 @@
 // The float64 reference for logsumexp, on plain ATen ops and written
-// independently of compat/: every kept entry is exponentiated after a shift
+// independently of kernels/: every kept entry is exponentiated after a shift
 // by the row maximum, summed, and logged. Rows with nothing kept are -inf.
 #pragma once
 

@@ -1,6 +1,6 @@
-// The compat kernels' planners, apart from the kernels that run them: the
-// flash route's calls (compat/flash_plan.h) and the loss's chunking
-// (compat/chunked_linear_cross_entropy.h). Each expected plan is worked out
+// The kernels' planners, apart from the kernels that run them: the
+// flash route's calls (kernels/flash_plan.h) and the loss's chunking
+// (kernels/chunked_linear_cross_entropy.h). Each expected plan is worked out
 // by hand in the comment above it, from the mask's definition and the block
 // size (128), or from the budget's formula; none is read back from the code.
 #include <gtest/gtest.h>
@@ -15,7 +15,7 @@
 #include "chunked_linear_cross_entropy.h"
 #include "flash_plan.h"
 
-namespace keel::compat {
+namespace keel::kernels {
 namespace {
 
 // A group as one comparable line: which rows and keys, how many, and how.
@@ -210,4 +210,4 @@ TEST(ChunkPlan, NoTokensIsOneEmptyChunk) {
 }
 
 }  // namespace
-}  // namespace keel::compat
+}  // namespace keel::kernels

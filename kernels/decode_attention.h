@@ -20,7 +20,7 @@
 #include "block_sparse_attention.h"
 #include "keel/v1/attention.h"
 
-namespace keel::compat {
+namespace keel::kernels {
 
 // The most queries per sequence the decode kernel takes.
 constexpr std::int64_t kDecodeMaxQueries = 16;
@@ -55,4 +55,4 @@ AttentionSpec paged_sequence_spec(const AttentionSpec& spec, std::int64_t b, std
 BlockSparseResult paged_attention(const at::Tensor& q, const PagedKVCache& cache,
                                   const AttentionSpec& spec, double scale);
 
-}  // namespace keel::compat
+}  // namespace keel::kernels

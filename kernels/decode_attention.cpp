@@ -17,7 +17,7 @@
 #include "attention_mask.h"
 #include "row_softmax.h"
 
-namespace keel::compat {
+namespace keel::kernels {
 
 namespace {
 
@@ -529,4 +529,4 @@ BlockSparseResult paged_attention(const at::Tensor& q, const PagedKVCache& cache
   return std::move(attend).result(lengths.sum().item<std::int64_t>());
 }
 
-}  // namespace keel::compat
+}  // namespace keel::kernels

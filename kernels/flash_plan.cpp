@@ -6,7 +6,7 @@
 
 #include <ATen/ATen.h>
 
-namespace keel::compat {
+namespace keel::kernels {
 
 namespace {
 
@@ -341,4 +341,4 @@ std::vector<FlashGroup> plan_flash_groups(const AttentionSpec& spec, const MaskG
   return groups;
 }
 
-}  // namespace keel::compat
+}  // namespace keel::kernels

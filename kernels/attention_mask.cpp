@@ -2,7 +2,7 @@
 
 #include <ATen/ATen.h>
 
-namespace keel::compat {
+namespace keel::kernels {
 
 namespace {
 
@@ -239,4 +239,4 @@ BlockClasses classify_blocks(const AttentionSpec& spec, const MaskGeometry& g,
   return out;
 }
 
-}  // namespace keel::compat
+}  // namespace keel::kernels

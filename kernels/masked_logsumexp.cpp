@@ -6,7 +6,7 @@
 
 #include "accumulation.h"
 
-namespace keel::compat {
+namespace keel::kernels {
 
 at::Tensor masked_logsumexp(const at::Tensor& input, const at::Tensor& mask, std::int64_t dim,
                             bool keepdim) {
@@ -28,4 +28,4 @@ at::Tensor masked_logsumexp(const at::Tensor& input, const at::Tensor& mask, std
   return keepdim ? lse : lse.squeeze(dim);
 }
 
-}  // namespace keel::compat
+}  // namespace keel::kernels

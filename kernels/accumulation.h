@@ -6,10 +6,10 @@
 
 #include <c10/core/ScalarType.h>
 
-namespace keel::compat {
+namespace keel::kernels {
 
 inline constexpr at::ScalarType accumulation_dtype(at::ScalarType input) noexcept {
   return input == at::kDouble ? at::kDouble : at::kFloat;
 }
 
-}  // namespace keel::compat
+}  // namespace keel::kernels

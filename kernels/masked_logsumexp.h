@@ -8,10 +8,10 @@
 
 #include <ATen/core/Tensor.h>
 
-namespace keel::compat {
+namespace keel::kernels {
 
 // `mask` is undefined or a bool tensor broadcastable to `input` (true keeps).
 at::Tensor masked_logsumexp(const at::Tensor& input, const at::Tensor& mask, std::int64_t dim,
                             bool keepdim);
 
-}  // namespace keel::compat
+}  // namespace keel::kernels

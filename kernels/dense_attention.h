@@ -8,7 +8,7 @@
 
 #include "keel/v1/attention.h"
 
-namespace keel::compat {
+namespace keel::kernels {
 
 // Empty when SDPA computes this call exactly (keel's semantics included);
 // else why not, in a phrase.
@@ -19,4 +19,4 @@ std::string sdpa_refusal(const at::Tensor& q, const at::Tensor& k, const at::Ten
 at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const AttentionSpec& spec, double scale);
 
-}  // namespace keel::compat
+}  // namespace keel::kernels

@@ -24,7 +24,7 @@
 
 #include <ATen/core/Tensor.h>
 
-namespace keel::compat {
+namespace keel::kernels {
 
 enum class LossReduction : std::uint8_t { mean, sum, none };
 
@@ -115,4 +115,4 @@ LinearCrossEntropyOutputs chunked_linear_cross_entropy(const at::Tensor& hidden,
                                                        const at::Tensor& class_weights,
                                                        const LinearCrossEntropyConfig& config);
 
-}  // namespace keel::compat
+}  // namespace keel::kernels

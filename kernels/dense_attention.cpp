@@ -8,7 +8,7 @@
 #include "attention_mask.h"
 #include "block_sparse_attention.h"
 
-namespace keel::compat {
+namespace keel::kernels {
 
 namespace {
 
@@ -69,4 +69,4 @@ at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   return at::scaled_dot_product_attention(q, k, v, add, 0.0, false, scale, gqa);
 }
 
-}  // namespace keel::compat
+}  // namespace keel::kernels

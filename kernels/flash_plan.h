@@ -22,7 +22,7 @@
 #include "attention_mask.h"
 #include "keel/v1/attention.h"
 
-namespace keel::compat {
+namespace keel::kernels {
 
 // Queries [q0 + i * q_step, + rows) against keys [k0 + i * k_step, + len) for
 // i < count, in batches [b0, b0 + nb): one call of the flash kernel.
@@ -58,4 +58,4 @@ std::pair<std::int64_t, std::int64_t> block_sizes(const AttentionSpec& spec);
 std::vector<FlashGroup> plan_flash_groups(const AttentionSpec& spec, const MaskGeometry& geometry,
                                           at::ScalarType dtype);
 
-}  // namespace keel::compat
+}  // namespace keel::kernels

@@ -14,7 +14,7 @@
 #include "flash_plan.h"
 #include "row_softmax.h"
 
-namespace keel::compat {
+namespace keel::kernels {
 
 namespace {
 
@@ -362,4 +362,4 @@ BlockSparseResult block_sparse_attention(const at::Tensor& q, const at::Tensor& 
   return flash_block_attention(q, k, v, spec, scale);
 }
 
-}  // namespace keel::compat
+}  // namespace keel::kernels

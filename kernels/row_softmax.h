@@ -7,7 +7,7 @@
 
 #include "keel/v1/attention.h"
 
-namespace keel::compat {
+namespace keel::kernels {
 
 // Softmax over the last dim with a fully masked row (all -inf) giving 0
 // output weights and lse -inf, and a zero gradient there.
@@ -41,4 +41,4 @@ inline at::Tensor zero_tied_to_inputs(const at::Tensor& q, const at::Tensor& k, 
   return sum * 0;
 }
 
-}  // namespace keel::compat
+}  // namespace keel::kernels

@@ -19,7 +19,7 @@
 
 #include "keel/v1/attention.h"
 
-namespace keel::compat {
+namespace keel::kernels {
 
 struct BlockSparseResult {
   at::Tensor out;  // [B, Hq, Lq, Ev], q's dtype
@@ -42,4 +42,4 @@ at::Tensor add_score_modifiers(const at::Tensor& scores, const AttentionSpec& sp
                                std::int64_t q_rows, const at::Tensor& keys, std::int64_t q_len,
                                std::int64_t kv_len);
 
-}  // namespace keel::compat
+}  // namespace keel::kernels

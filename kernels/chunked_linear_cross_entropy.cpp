@@ -11,7 +11,7 @@
 
 #include "accumulation.h"
 
-namespace keel::compat {
+namespace keel::kernels {
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -798,4 +798,4 @@ LinearCrossEntropyOutputs chunked_linear_cross_entropy(const at::Tensor& hidden,
   return {out[0], out[2], out[1]};
 }
 
-}  // namespace keel::compat
+}  // namespace keel::kernels

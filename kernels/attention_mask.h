@@ -10,7 +10,7 @@
 
 #include "keel/v1/attention.h"
 
-namespace keel::compat {
+namespace keel::kernels {
 
 // ceil(length / block) for length >= 0 and block > 0, without the overflow
 // of (length + block - 1) / block when block is huge (a caller's BlockMask
@@ -59,4 +59,4 @@ struct BlockClasses {
 BlockClasses classify_blocks(const AttentionSpec& spec, const MaskGeometry& g,
                              const at::Device& device, std::int64_t q_block, std::int64_t kv_block);
 
-}  // namespace keel::compat
+}  // namespace keel::kernels
