@@ -2,6 +2,9 @@
 
 #include <utility>
 
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
 namespace keel::adapters {
 
 using WorkPtr = internal::CommEngine::WorkPtr;
@@ -75,6 +78,18 @@ void C10dEngine::abort() noexcept {
     backend_->abort();
   } catch (...) {  // NOLINT(bugprone-empty-catch): abort is best effort by contract
   }
+}
+
+c10::intrusive_ptr<c10d::Store> C10dComm::open_store(const internal::StoreRequest& request) const {
+  if (!request.path.empty()) {
+    return c10::make_intrusive<c10d::FileStore>(request.path, request.world_size);
+  }
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<std::uint16_t>(request.port);
+  opts.isServer = request.serve;
+  opts.waitWorkers = false;  // keel's own arrival names who is missing
+  opts.timeout = request.connect_timeout;
+  return c10::make_intrusive<c10d::TCPStore>(request.host, opts);
 }
 
 C10dComm::C10dComm(const char* implementation) {

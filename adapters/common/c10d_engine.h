@@ -50,6 +50,7 @@ class C10dComm : public internal::CommKernel {
   Errc classify_failure(const std::string& text) const noexcept override {
     return internal::classify_c10d_failure(text);
   }
+  c10::intrusive_ptr<c10d::Store> open_store(const internal::StoreRequest& request) const override;
 
  private:
   internal::Capability capability_;

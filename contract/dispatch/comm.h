@@ -67,6 +67,18 @@ struct BackendRequest {
   std::string group_name;
 };
 
+// The store a world rendezvouses in, as the core planned it: a file shared
+// by `world_size` ranks, or a TCP host:port this rank serves (`serve`) or
+// joins. `connect_timeout` bounds c10d's own connect and wait.
+struct StoreRequest {
+  std::string path;  // non-empty: a FileStore
+  std::string host;
+  int port = 0;
+  bool serve = false;
+  int world_size = 1;
+  std::chrono::milliseconds connect_timeout{0};
+};
+
 class CommKernel {
  public:
   virtual ~CommKernel() = default;
@@ -81,6 +93,10 @@ class CommKernel {
   // so they live behind this call. May throw (c10::Error): the core guards
   // it.
   virtual std::unique_ptr<CommEngine> create(const BackendRequest& request) const = 0;
+  // Opens the store `request` names (c10d's FileStore or TCPStore, whose
+  // options are the release's). May throw (c10::Error): the core guards it
+  // and reads the failure through classify_failure().
+  virtual c10::intrusive_ptr<c10d::Store> open_store(const StoreRequest& request) const = 0;
   // Classifies the text of an exception c10d left on a work or threw:
   // timeout, peer_lost, or backend_error. c10d reports failures as message
   // text only, and its wording is the release's, so the reading is the

@@ -13,8 +13,6 @@
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
-#include <torch/csrc/distributed/c10d/FileStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "environment.h"
 #include "guard.h"
@@ -217,17 +215,17 @@ result<c10::intrusive_ptr<c10d::Store>> open_store(const RendezvousPlan& plan,
                               plan.host, ":", plan.port, " (hosted by ", who, ") within ",
                               timeout.count(), " ms: nothing accepted connections there"));
   }
-  auto made = guarded(kOp, "rendezvous", [&]() -> c10::intrusive_ptr<c10d::Store> {
-    if (plan.kind == RendezvousPlan::Kind::file) {
-      return c10::make_intrusive<c10d::FileStore>(plan.path, plan.world_size);
-    }
-    c10d::TCPStoreOptions opts;
-    opts.port = static_cast<std::uint16_t>(plan.port);
-    opts.isServer = plan.rank == 0 && !plan.external_store;
-    opts.waitWorkers = false;  // keel's own arrival names who is missing
-    opts.timeout = std::max(Millis(1), left_until(deadline));
-    return c10::make_intrusive<c10d::TCPStore>(plan.host, opts);
-  });
+  internal::StoreRequest request;
+  if (plan.kind == RendezvousPlan::Kind::file) {
+    request.path = plan.path;
+  } else {
+    request.host = plan.host;
+    request.port = plan.port;
+    request.serve = plan.rank == 0 && !plan.external_store;
+  }
+  request.world_size = plan.world_size;
+  request.connect_timeout = std::max(Millis(1), left_until(deadline));
+  auto made = guarded(kOp, "rendezvous", [&] { return kernel.open_store(request); });
   if (made) {
     made.value()->setTimeout(timeout);
     return made;

@@ -151,6 +151,11 @@ class CudaConformance : public ::testing::TestWithParam<Backend> {
 TEST_P(CudaConformance, AttentionMatchesFloat64ReferenceForEveryMaskKind) {
   const at::Device cuda(at::kCUDA, 0);
   for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    // The naive computation runs on the CPU, keel on the GPU, whose GEMMs
+    // and reductions sum in other orders: where the CPU's naive result
+    // happens to be exact, keel's still rounds. The floor is a few roundings
+    // of the O(1) outputs and O(10) log-sum-exps: 1e-4 in float32 (2^-24
+    // relative, over sums of 300 terms), 2e-2 in bfloat16 (2^-8 relative).
     const double floor = dtype == at::kFloat ? 1e-4 : 2e-2;
     const at::Tensor q = at::randn({kB, kHq, kL, kE}).to(dtype);
     const at::Tensor k = at::randn({kB, kHkv, kL, kE}).to(dtype);
@@ -216,6 +221,10 @@ TEST_P(CudaConformance, AttentionGradientsMatchReferenceAutograd) {
     const at::Tensor v64 = v.requires_grad_(true);
     const at::Tensor ref = reference::attention(q64, k64, v64, spec).first;
     const variable_list want = torch::autograd::grad({(ref * up).sum()}, {q64, k64, v64});
+    // keel computes in float32 against a float64 reference: the gradients
+    // are sums of 200 products of O(1) terms, O(10) in size, rounded in
+    // float32 in whatever order cuBLAS chooses; 1e-3 is about a hundred
+    // roundings of them (2^-24 * 10 * 200 * 25 = 3e-3 is the worst case).
     for (std::size_t i = 0; i < 3; ++i) {
       EXPECT_EQ(g[i].device(), cuda);
       EXPECT_LE(max_error(g[i], want[i]), 1e-3)
@@ -295,6 +304,8 @@ TEST_P(CudaConformance, LossInBfloat16AccumulatesInFloat32) {
   EXPECT_LE(max_error(loss, ref), 2e-2);
   for (std::size_t i = 0; i < 2; ++i) {
     const double scale = want[i].abs().max().item<double>();
+    // 2e-2 of the largest gradient: a few bf16 roundings (2^-8) of the
+    // logits it is formed from; 1e-4 for gradients of entries near zero.
     EXPECT_LE(max_error(g[i], want[i]), 2e-2 * scale + 1e-4) << "gradient " << i;
   }
 }
@@ -348,6 +359,9 @@ TEST_P(CudaConformance, LossOptionsOnCudaMatchTheCpu) {
     const variable_list gpu = run(cuda);
     ASSERT_EQ(cpu.size(), 4u);
     ASSERT_EQ(gpu.size(), 4u);
+    // The same float32 computation on two devices, summed in different
+    // orders: 1e-4 relative is a few hundred float32 roundings (2^-24),
+    // 1e-5 absolute for entries near zero.
     for (std::size_t i = 0; i < 4; ++i) {
       EXPECT_EQ(gpu[i].device(), cuda);
       EXPECT_TRUE(at::allclose(gpu[i].cpu(), cpu[i], 1e-4, 1e-5))
@@ -379,6 +393,7 @@ TEST_P(CudaConformance, MaskedLogsumexpMatchesReference) {
   const at::Tensor want = reference::logsumexp(x, mask, -1, false);
   const at::Tensor got = r.value().value.cpu().to(at::kDouble);
   EXPECT_TRUE(at::equal(got.isneginf(), want.isneginf()));
+  // float32 log-sum-exps of O(1) rows are O(10): 1e-5 is a few roundings.
   EXPECT_LE(max_error(got, want), 1e-5);
 }
 
@@ -392,6 +407,8 @@ TEST_P(CudaConformance, SecondDeviceRunsOnThatDevice) {
     const AttentionOutput got = run_attention(q.to(second), q.to(second), q.to(second), spec);
     ASSERT_TRUE(got.out.defined());
     EXPECT_EQ(got.out.device(), second);
+    // float32 on the GPU against float64 (as the floor of
+    // AttentionMatchesFloat64ReferenceForEveryMaskKind).
     EXPECT_LE(max_error(got.out, reference::attention(q, q, q, spec).first), 1e-4);
   }
   if (skip_loss()) return;
