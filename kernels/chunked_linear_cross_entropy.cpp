@@ -561,20 +561,20 @@ std::pair<at::Tensor, at::Tensor> scale_and_denominator(const Problem& p,
   } else {
     denominator = kept.sum().to(p.acc);
   }
-  const at::Tensor per_token = config.reduction == LossReduction::mean
+  const at::Tensor per_token = config.reduction == Reduction::mean
                                    ? denominator.reciprocal()
                                    : at::ones({}, denominator.options());
   return {at::where(kept, per_token, at::zeros({}, per_token.options())), denominator};
 }
 
 at::Tensor reduce(const at::Tensor& per_token, const at::Tensor& denominator,
-                  LossReduction reduction) {
+                  Reduction reduction) {
   switch (reduction) {
-    case LossReduction::mean:
+    case Reduction::mean:
       return ordered_sum(per_token) / denominator;  // 0 / 0 = NaN when all ignored
-    case LossReduction::sum:
+    case Reduction::sum:
       return ordered_sum(per_token);
-    case LossReduction::none:
+    case Reduction::none:
       break;
   }
   return per_token.clone();
@@ -609,7 +609,7 @@ enum Slot : std::size_t {
 // recomputed in backward from the saved lse. Decided alike on every rank of
 // a shard's group.
 bool gradients_in_forward(const Problem& p, const LinearCrossEntropyConfig& config) {
-  return config.reduction != LossReduction::none && p.whole_rows_everywhere;
+  return config.reduction != Reduction::none && p.whole_rows_everywhere;
 }
 
 // An upstream gradient of exactly 1 (what loss.backward() sends) needs no

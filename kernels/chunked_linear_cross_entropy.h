@@ -24,19 +24,17 @@
 
 #include <ATen/core/Tensor.h>
 
-namespace keel::kernels {
+#include "keel/v1/loss.h"
 
-enum class LossReduction : std::uint8_t { mean, sum, none };
+namespace keel::kernels {
 
 // The working-set budget the automatic chunk sizes are chosen for, when the
 // caller gives none (budget_bytes = 0): an eighth of the gradients of hidden
 // and weight in the accumulation dtype ((N + V) * D elements), which a
 // training step holds anyway, and at least kMinAutomaticBudgetBytes. Small
 // row chunks cost time (each repacks all of W for its GEMMs and rewrites all
-// of grad_weight), a large block costs memory; on the CI size (N=4096,
-// D=1024, V=32768) this gives 144 whole rows, measured 0.92-1.07x the
-// naive loss's time at 0.105x its peak memory, where the 8 MiB floor alone
-// gives 1.19-1.30x at 0.099x (docs/benchmarks.md).
+// of grad_weight), a large block costs memory (the measured trade-off is in
+// docs/benchmarks.md).
 constexpr std::int64_t kMinAutomaticBudgetBytes = std::int64_t{8} << 20;
 constexpr std::int64_t kGradientBytesPerBudgetByte = 8;
 
@@ -62,7 +60,7 @@ struct VocabShard {
 };
 
 struct LinearCrossEntropyConfig {
-  LossReduction reduction = LossReduction::mean;
+  Reduction reduction = Reduction::mean;  // keel/v1/loss.h's
   std::int64_t ignore_index = -100;
   double label_smoothing = 0.0;
   double z_loss = 0.0;

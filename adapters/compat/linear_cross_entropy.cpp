@@ -16,20 +16,6 @@ static_assert(kernels::kMinAutomaticBudgetBytes == kLinearCrossEntropyChunkBudge
 static_assert(kernels::kGradientBytesPerBudgetByte == 8,
               "keel/v1/loss.h documents the automatic budget as an eighth of the gradients");
 
-namespace {
-kernels::LossReduction to_compat(Reduction r) {
-  switch (r) {
-    case Reduction::sum:
-      return kernels::LossReduction::sum;
-    case Reduction::none:
-      return kernels::LossReduction::none;
-    case Reduction::mean:
-      break;
-  }
-  return kernels::LossReduction::mean;
-}
-}  // namespace
-
 internal::LinearCrossEntropyResult CompatLinearCrossEntropy::run(
     const internal::LinearCrossEntropyCall& call) const {
   const LinearCrossEntropyOptions& o = call.options;
@@ -37,7 +23,7 @@ internal::LinearCrossEntropyResult CompatLinearCrossEntropy::run(
   // on cuda:1 from a thread whose current device is cuda:0 stays on cuda:1.
   const at::OptionalDeviceGuard device(at::device_of(call.hidden));
   kernels::LinearCrossEntropyConfig config;
-  config.reduction = to_compat(o.reduction);
+  config.reduction = o.reduction;
   config.ignore_index = o.ignore_index;
   config.label_smoothing = o.label_smoothing;
   config.z_loss = o.z_loss;
