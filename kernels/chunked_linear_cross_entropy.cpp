@@ -30,7 +30,7 @@ constexpr std::int64_t kMaxRowsPerChunk = 1024;
 
 // Which inputs want a gradient, decided before autograd's forward (where
 // grad mode is off).
-struct Wants {
+struct GradientsWanted {
   bool hidden = false;
   bool weight = false;
   bool bias = false;
@@ -92,7 +92,7 @@ struct TargetWeights {
   double sum = 0.0;
 };
 
-struct Problem {
+struct LossInputs {
   at::Tensor hidden;
   at::Tensor weight;
   at::Tensor bias;
@@ -164,7 +164,7 @@ at::Tensor row_sum(const at::Tensor& block) {
 // Each token's w[y] and the sum of w. A shard contributes the w[y] of the
 // targets it holds (0 for the others, so the sum over the ranks is exact)
 // and its own partial sum, gathered once.
-TargetWeights target_weights(const Problem& p, const LinearCrossEntropyConfig& config) {
+TargetWeights target_weights(const LossInputs& p, const LinearCrossEntropyConfig& config) {
   const at::Tensor y_safe = p.target.masked_fill(p.target.eq(config.ignore_index), 0);
   const at::Tensor& cw = p.class_weights;
   if (p.shard == nullptr) return {cw.index_select(0, y_safe), ordered_sum(cw).item<double>()};
@@ -179,11 +179,11 @@ TargetWeights target_weights(const Problem& p, const LinearCrossEntropyConfig& c
 
 // `known`: the target weights forward computed, for backward (which then
 // needs no collective); null in forward.
-Problem make_problem(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
-                     const at::Tensor& target, const at::Tensor& class_weights,
-                     const LinearCrossEntropyConfig& config, bool grad,
-                     const TargetWeights* known = nullptr) {
-  Problem p;
+LossInputs make_loss_inputs(const at::Tensor& hidden, const at::Tensor& weight,
+                            const at::Tensor& bias, const at::Tensor& target,
+                            const at::Tensor& class_weights, const LinearCrossEntropyConfig& config,
+                            bool grad, const TargetWeights* known = nullptr) {
+  LossInputs p;
   p.hidden = hidden;
   p.weight = weight;
   p.bias = bias;
@@ -211,7 +211,7 @@ Problem make_problem(const at::Tensor& hidden, const at::Tensor& weight, const a
 // that differs from the accumulation dtype.
 class Workspace {
  public:
-  Workspace(const Problem& p, const LinearCrossEntropyConfig& config, bool grad) {
+  Workspace(const LossInputs& p, const LinearCrossEntropyConfig& config, bool grad) {
     const std::int64_t elements = p.plan.tokens * p.plan.vocab;
     const auto options = p.hidden.options();
     block_ = at::empty({elements}, options.dtype(p.acc));
@@ -238,8 +238,8 @@ class Workspace {
 // Writes the (soft-capped) logits of classes [v0, v0 + out.size(1)) of the
 // tokens `h` into `out`. PyTorch's semantics are F.linear(...).float(): the
 // GEMM in the input dtype, then the loss in the accumulation dtype.
-void logits_into(const at::Tensor& out, const Problem& p, const Workspace& ws, const at::Tensor& h,
-                 std::int64_t v0, const LinearCrossEntropyConfig& config) {
+void logits_into(const at::Tensor& out, const LossInputs& p, const Workspace& ws,
+                 const at::Tensor& h, std::int64_t v0, const LinearCrossEntropyConfig& config) {
   const std::int64_t n = out.size(0);
   const std::int64_t v = out.size(1);
   const at::Tensor w = p.weight.narrow(0, v0, v);
@@ -265,7 +265,7 @@ struct TokenTerms {
 // the target logits and of the smoothing sum. `scratch` is a block-sized
 // buffer for the weighted sum, or undefined when there are no weights.
 void collect_terms(TokenTerms* terms, const at::Tensor& b, const at::Tensor& y_safe,
-                   std::int64_t v0, const Problem& p, const LinearCrossEntropyConfig& config,
+                   std::int64_t v0, const LossInputs& p, const LinearCrossEntropyConfig& config,
                    const at::Tensor& scratch) {
   const std::int64_t v = b.size(1);
   if (p.whole_vocabulary(v0, v)) {
@@ -293,7 +293,7 @@ void collect_terms(TokenTerms* terms, const at::Tensor& b, const at::Tensor& y_s
 // (gathered in rank order, so that every rank gets the same bits): the lse
 // by a log-sum-exp over the ranks, the target logit (held by one rank, 0 on
 // the others) and the smoothing sum by a sum.
-at::Tensor combine_shards(const Problem& p, const at::Tensor& lse, TokenTerms* terms) {
+at::Tensor combine_shards(const LossInputs& p, const at::Tensor& lse, TokenTerms* terms) {
   std::vector<at::Tensor> parts{lse, terms->target_logit};
   if (terms->smooth_dot.defined()) parts.push_back(terms->smooth_dot);
   const at::Tensor all = p.shard->gather(at::stack(parts));  // [ranks, parts, n]
@@ -306,7 +306,7 @@ at::Tensor combine_shards(const Problem& p, const at::Tensor& lse, TokenTerms* t
 // l the (soft-capped) logits and lse their log-sum-exp:
 //   (1 - s) w[y] (lse - l[y]) + (s / V) sum_c w[c] (lse - l[c]) + z lse^2.
 at::Tensor per_token_loss(const at::Tensor& lse, const TokenTerms& terms, const at::Tensor& w_y,
-                          const at::Tensor& ignored, const Problem& p,
+                          const at::Tensor& ignored, const LossInputs& p,
                           const LinearCrossEntropyConfig& config) {
   const double s = config.label_smoothing;
   const auto vocab = static_cast<double>(p.vocab);
@@ -332,7 +332,7 @@ struct GradFactors {
 };
 
 GradFactors grad_factors(const at::Tensor& lse, const at::Tensor& w_y, const at::Tensor& tok,
-                         const Problem& p, const LinearCrossEntropyConfig& config) {
+                         const LossInputs& p, const LinearCrossEntropyConfig& config) {
   const double s = config.label_smoothing;
   const auto vocab = static_cast<double>(p.vocab);
   const double smooth_mass = s / vocab * (p.class_weights.defined() ? p.target_weights.sum : vocab);
@@ -347,7 +347,7 @@ GradFactors grad_factors(const at::Tensor& lse, const at::Tensor& w_y, const at:
 // Turns block `g`, holding p * coef for classes [v0, v0 + g.size(1)), into
 // the logit gradient; `deriv` holds 1 - (l / c)^2 when soft-capping.
 void finish_logit_gradient(const at::Tensor& g, const GradFactors& f, const at::Tensor& y_safe,
-                           std::int64_t v0, const Problem& p,
+                           std::int64_t v0, const LossInputs& p,
                            const LinearCrossEntropyConfig& config, const at::Tensor& deriv) {
   const std::int64_t v = g.size(1);
   const double s = config.label_smoothing;
@@ -379,9 +379,9 @@ void softcap_derivative(at::Tensor out, const at::Tensor& b, double cap) {
 // [v0, v0 + g.size(1)) into the gradient buffers. `dx_acc` is the chunk's
 // accumulation-dtype grad_hidden when it spans several vocabulary blocks
 // and the input dtype is narrower; undefined otherwise.
-void fold_gradient(Grads* grads, const at::Tensor& g, const Problem& p, const Workspace& ws,
+void fold_gradient(Grads* grads, const at::Tensor& g, const LossInputs& p, const Workspace& ws,
                    const at::Tensor& h, std::int64_t start, std::int64_t v0, bool first_block,
-                   const at::Tensor& dx_acc, const Wants& wants) {
+                   const at::Tensor& dx_acc, const GradientsWanted& wants) {
   const std::int64_t n = g.size(0);
   const std::int64_t v = g.size(1);
   const at::Tensor w = p.weight.narrow(0, v0, v);
@@ -415,9 +415,9 @@ void fold_gradient(Grads* grads, const at::Tensor& g, const Problem& p, const Wo
 // non-null it adds each token's logit gradient times token_scale[i] (0 for
 // ignored tokens) into the buffers; with whole rows that happens in the
 // same pass, from the block's exponentials.
-void forward_pass(const Problem& p, const LinearCrossEntropyConfig& config,
+void forward_pass(const LossInputs& p, const LinearCrossEntropyConfig& config,
                   const at::Tensor& token_scale, at::Tensor* per_token, at::Tensor* lse,
-                  Grads* grads, const Wants& wants) {
+                  Grads* grads, const GradientsWanted& wants) {
   const std::int64_t n_tokens = p.hidden.size(0);
   const std::int64_t vocab = p.weight.size(0);
   TORCH_INTERNAL_ASSERT(grads == nullptr || p.plan.vocab == vocab,
@@ -490,9 +490,9 @@ void forward_pass(const Problem& p, const LinearCrossEntropyConfig& config,
 
 // The gradient by recomputation, from the saved per-token lse: each block's
 // logits again, their softmax exp(l - lse) in place, then the gradient.
-void gradient_pass(const Problem& p, const LinearCrossEntropyConfig& config,
+void gradient_pass(const LossInputs& p, const LinearCrossEntropyConfig& config,
                    const at::Tensor& token_scale, const at::Tensor& lse, Grads* grads,
-                   const Wants& wants) {
+                   const GradientsWanted& wants) {
   const std::int64_t n_tokens = p.hidden.size(0);
   const std::int64_t vocab = p.weight.size(0);
   const Workspace ws(p, config, /*grad=*/true);
@@ -533,7 +533,7 @@ void gradient_pass(const Problem& p, const LinearCrossEntropyConfig& config,
   }
 }
 
-Grads allocate_grads(const Problem& p, const Wants& wants) {
+Grads allocate_grads(const LossInputs& p, const GradientsWanted& wants) {
   Grads grads;
   const auto acc = p.hidden.options().dtype(p.acc);
   if (wants.hidden) grads.hidden = at::empty(p.hidden.sizes(), p.hidden.options());
@@ -552,7 +552,7 @@ Grads allocate_grads(const Problem& p, const Wants& wants) {
 // The factor each token's gradient carries: 1 / denominator for mean (sum
 // of w[y] over non-ignored tokens), 1 for sum; 0 for ignored tokens, so
 // that an all-ignored mean has zero (not NaN) gradients, as in PyTorch.
-std::pair<at::Tensor, at::Tensor> scale_and_denominator(const Problem& p,
+std::pair<at::Tensor, at::Tensor> scale_and_denominator(const LossInputs& p,
                                                         const LinearCrossEntropyConfig& config) {
   const at::Tensor kept = p.target.ne(config.ignore_index);
   at::Tensor denominator;
@@ -567,8 +567,7 @@ std::pair<at::Tensor, at::Tensor> scale_and_denominator(const Problem& p,
   return {at::where(kept, per_token, at::zeros({}, per_token.options())), denominator};
 }
 
-at::Tensor reduce(const at::Tensor& per_token, const at::Tensor& denominator,
-                  Reduction reduction) {
+at::Tensor reduce(const at::Tensor& per_token, const at::Tensor& denominator, Reduction reduction) {
   switch (reduction) {
     case Reduction::mean:
       return ordered_sum(per_token) / denominator;  // 0 / 0 = NaN when all ignored
@@ -585,7 +584,7 @@ at::Tensor reduce(const at::Tensor& per_token, const at::Tensor& denominator,
 // gradients that the first backward takes over.
 struct SavedState : torch::CustomClassHolder {
   LinearCrossEntropyConfig config;
-  Wants wants;
+  GradientsWanted wants;
   at::ScalarType weight_dtype = at::kFloat;
   double class_weight_sum = 0.0;
   bool gradients_ready = false;  // forward formed the gradients
@@ -608,14 +607,14 @@ enum Slot : std::size_t {
 // Whether the gradients are formed in forward (whole rows, mean or sum) or
 // recomputed in backward from the saved lse. Decided alike on every rank of
 // a shard's group.
-bool gradients_in_forward(const Problem& p, const LinearCrossEntropyConfig& config) {
+bool gradients_in_forward(const LossInputs& p, const LinearCrossEntropyConfig& config) {
   return config.reduction != Reduction::none && p.whole_rows_everywhere;
 }
 
 // An upstream gradient of exactly 1 (what loss.backward() sends) needs no
 // scaling pass over the gradient buffers. Checked only on CPU, where
 // reading it back costs no device synchronisation.
-bool is_one(const at::Tensor& upstream) {
+bool is_exactly_one(const at::Tensor& upstream) {
   return upstream.device().is_cpu() && upstream.numel() == 1 && upstream.item<double>() == 1.0;
 }
 
@@ -626,10 +625,11 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
                                const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                                const at::Tensor& target,
                                const std::optional<at::Tensor>& class_weights_or_none,
-                               const LinearCrossEntropyConfig& config, const Wants& wants) {
+                               const LinearCrossEntropyConfig& config,
+                               const GradientsWanted& wants) {
     const at::Tensor b = bias.value_or(at::Tensor());
     const at::Tensor class_weights = class_weights_or_none.value_or(at::Tensor());
-    const Problem p = make_problem(hidden, weight, b, target, class_weights, config, true);
+    const LossInputs p = make_loss_inputs(hidden, weight, b, target, class_weights, config, true);
     auto [scale, denominator] = scale_and_denominator(p, config);
     at::Tensor per_token = at::empty({hidden.size(0)}, hidden.options().dtype(p.acc));
     at::Tensor lse = at::empty_like(per_token);
@@ -665,14 +665,15 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
     auto* state = dynamic_cast<SavedState*>(ctx->saved_data["state"].toCapsule().get());
     TORCH_INTERNAL_ASSERT(state != nullptr, "keel::linear_cross_entropy: no saved state");
     const LinearCrossEntropyConfig& config = state->config;
-    const Wants& wants = state->wants;
+    const GradientsWanted& wants = state->wants;
     const at::Tensor& upstream = grad_outputs[0];
     Grads grads;
     if (!state->gradients_ready) {
       const variable_list saved = ctx->get_saved_variables();
       const TargetWeights known{saved[kTargetWeights], state->class_weight_sum};
-      const Problem p = make_problem(saved[kHidden], saved[kWeight], saved[kBias], saved[kTarget],
-                                     saved[kClassWeights], config, true, &known);
+      const LossInputs p =
+          make_loss_inputs(saved[kHidden], saved[kWeight], saved[kBias], saved[kTarget],
+                           saved[kClassWeights], config, true, &known);
       // The scale is 1 / denominator (mean) or 1 per kept token, 0 per
       // ignored one; the upstream gradient is a scalar or per token.
       const at::Tensor scale = saved[kScale] * upstream.to(p.acc);
@@ -688,7 +689,7 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
       // The saved gradients are handed over and scaled in place: keeping a
       // copy would double the weight gradient's memory.
       grads = std::exchange(state->grads, Grads());
-      if (!is_one(upstream)) {
+      if (!is_exactly_one(upstream)) {
         for (at::Tensor* t : {&grads.hidden, &grads.weight, &grads.bias}) {
           if (t->defined()) t->mul_(upstream);
         }
@@ -769,7 +770,7 @@ LinearCrossEntropyOutputs chunked_linear_cross_entropy(const at::Tensor& hidden,
                                                        const at::Tensor& target,
                                                        const at::Tensor& class_weights,
                                                        const LinearCrossEntropyConfig& config) {
-  Wants wants;
+  GradientsWanted wants;
   if (at::GradMode::is_enabled()) {
     wants.hidden = hidden.requires_grad();
     wants.weight = weight.requires_grad();
@@ -779,7 +780,8 @@ LinearCrossEntropyOutputs chunked_linear_cross_entropy(const at::Tensor& hidden,
     // No gradient is wanted: one forward pass, no gradient buffers, no
     // autograd node.
     at::NoGradGuard no_grad;
-    const Problem p = make_problem(hidden, weight, bias, target, class_weights, config, false);
+    const LossInputs p =
+        make_loss_inputs(hidden, weight, bias, target, class_weights, config, false);
     auto [scale, denominator] = scale_and_denominator(p, config);
     at::Tensor per_token = at::empty({hidden.size(0)}, hidden.options().dtype(p.acc));
     at::Tensor lse = at::empty_like(per_token);

@@ -113,8 +113,10 @@ DispatchInfo make_info(Backend served, const Request& request, std::string reaso
   return info;
 }
 
-result<DispatchInfo> choose(std::string_view op, const Request& request, const Candidate& compat,
-                            const Candidate& native) {
+// The decision itself, before it is logged: which adapter serves, or why
+// none does.
+result<DispatchInfo> pick_adapter(std::string_view op, const Request& request,
+                                  const Candidate& compat, const Candidate& native) {
   const auto native_unavailable = [&]() -> std::string {
     if (native.adapter == nullptr) {
       return "this build has no native adapter (keel was built against libtorch " +
@@ -158,7 +160,7 @@ result<DispatchInfo> choose(std::string_view op, const Request& request, const C
 
 result<DispatchInfo> decide(std::string_view operation, const Request& request,
                             const Candidate& compat, const Candidate& native) {
-  result<DispatchInfo> info = choose(operation, request, compat, native);
+  result<DispatchInfo> info = pick_adapter(operation, request, compat, native);
   if (log_enabled("dispatch")) {
     if (info) {
       log_line("dispatch", absl::StrCat(to_absl(operation), " -> ", info.value().adapter,

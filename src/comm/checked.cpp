@@ -74,7 +74,7 @@ std::string disagreement(const std::vector<std::optional<Descriptor>>& all, int 
   return {};
 }
 
-Descriptor plain(const at::Tensor& t, const std::string& detail) {
+Descriptor describe_tensor_call(const at::Tensor& t, const std::string& detail) {
   Descriptor d;
   d.call = absl::StrCat(internal::dtype_name(t), " ", internal::shape_text(t), detail);
   return d;

@@ -33,7 +33,7 @@ struct Descriptor {
 };
 
 // The descriptor of a call on `t`, "<dtype> <shape><detail>".
-Descriptor plain(const at::Tensor& t, const std::string& detail = {});
+Descriptor describe_tensor_call(const at::Tensor& t, const std::string& detail = {});
 // The descriptor of all_to_all with split sizes.
 Descriptor pairwise(const at::Tensor& input, const std::vector<std::int64_t>& input_splits,
                     const std::vector<std::int64_t>& output_splits);

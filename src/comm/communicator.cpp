@@ -119,18 +119,18 @@ result<Work> Communicator::all_reduce_async(at::Tensor& tensor, ReduceOp op,
   if (!ok) return ok.error();
   ok = detail::check_reduce_op(name, op, tensor);
   if (!ok) return ok.error();
-  Op d;
-  d.name = name;
-  d.detail = absl::StrCat("(", to_absl(to_string(op)), ")");
-  d.tensor = &tensor;
-  d.bytes = detail::nbytes(tensor);
-  d.empty = tensor.numel() == 0;
-  d.check = detail::plain(tensor, d.detail);
+  Op operation;
+  operation.name = name;
+  operation.detail = absl::StrCat("(", to_absl(to_string(op)), ")");
+  operation.tensor = &tensor;
+  operation.bytes = detail::nbytes(tensor);
+  operation.empty = tensor.numel() == 0;
+  operation.check = detail::describe_tensor_call(tensor, operation.detail);
   if (op == ReduceOp::avg) {
-    d.finish = [t = tensor, n = state_->size]() mutable { t.div_(n); };
+    operation.finish = [t = tensor, n = state_->size]() mutable { t.div_(n); };
   }
   at::Tensor t = tensor;
-  return detail::issue(state_, std::move(d), call, [&](Millis timeout) {
+  return detail::issue(state_, std::move(operation), call, [&](Millis timeout) {
     return state_->engine->all_reduce(t, detail::to_c10d(op), timeout);
   });
 }
@@ -157,15 +157,15 @@ result<Work> Communicator::all_gather_async(at::Tensor& output, const at::Tensor
         name, absl::StrCat("output: expected [", absl::StrJoin(expected, ", "),
                            "] (size() * input.size(0) rows), got ", internal::shape_text(output)));
   }
-  Op d;
-  d.name = name;
-  d.tensor = &input;
-  d.bytes = detail::nbytes(output);
-  d.empty = input.numel() == 0;
-  d.check = detail::plain(input);
+  Op operation;
+  operation.name = name;
+  operation.tensor = &input;
+  operation.bytes = detail::nbytes(output);
+  operation.empty = input.numel() == 0;
+  operation.check = detail::describe_tensor_call(input);
   at::Tensor out = output;
   at::Tensor in = input;
-  return detail::issue(state_, std::move(d), call, [&](Millis timeout) {
+  return detail::issue(state_, std::move(operation), call, [&](Millis timeout) {
     return state_->engine->all_gather(out, in, timeout);
   });
 }
@@ -195,16 +195,16 @@ result<Work> Communicator::all_gather_async(std::vector<at::Tensor>& outputs,
                                         internal::shape_text(outputs[r])));
     }
   }
-  Op d;
-  d.name = name;
-  d.detail = "(list)";
-  d.tensor = &input;
-  d.bytes = detail::nbytes(input) * static_cast<std::uint64_t>(state_->size);
-  d.empty = input.numel() == 0;
-  d.check = detail::plain(input, d.detail);
+  Op operation;
+  operation.name = name;
+  operation.detail = "(list)";
+  operation.tensor = &input;
+  operation.bytes = detail::nbytes(input) * static_cast<std::uint64_t>(state_->size);
+  operation.empty = input.numel() == 0;
+  operation.check = detail::describe_tensor_call(input, operation.detail);
   std::vector<at::Tensor> outs = outputs;
   at::Tensor in = input;
-  return detail::issue(state_, std::move(d), call, [&](Millis timeout) {
+  return detail::issue(state_, std::move(operation), call, [&](Millis timeout) {
     return state_->engine->all_gather_list(outs, in, timeout);
   });
 }
@@ -233,20 +233,20 @@ result<Work> Communicator::reduce_scatter_async(at::Tensor& output, const at::Te
         name, absl::StrCat("input: expected [", absl::StrJoin(expected, ", "),
                            "] (size() * output.size(0) rows), got ", internal::shape_text(input)));
   }
-  Op d;
-  d.name = name;
-  d.detail = absl::StrCat("(", to_absl(to_string(op)), ")");
-  d.tensor = &input;
-  d.bytes = detail::nbytes(input);
-  d.empty = input.numel() == 0;
-  d.check = detail::plain(input, d.detail);
+  Op operation;
+  operation.name = name;
+  operation.detail = absl::StrCat("(", to_absl(to_string(op)), ")");
+  operation.tensor = &input;
+  operation.bytes = detail::nbytes(input);
+  operation.empty = input.numel() == 0;
+  operation.check = detail::describe_tensor_call(input, operation.detail);
   if (op == ReduceOp::avg) {
-    d.finish = [t = output, n = state_->size]() mutable { t.div_(n); };
+    operation.finish = [t = output, n = state_->size]() mutable { t.div_(n); };
   }
   // Gloo's _reduce_scatter_base finishes inside the call (an allreduce it
   // waits on), so keel runs it on a thread of its own (Op::blocking).
-  d.blocking = state_->world->backend == CommBackend::gloo;
-  return detail::issue(state_, std::move(d), call,
+  operation.blocking = state_->world->backend == CommBackend::gloo;
+  return detail::issue(state_, std::move(operation), call,
                        [g = state_, out = output, in = input, op](Millis timeout) mutable {
                          return g->engine->reduce_scatter(out, in, detail::to_c10d(op), timeout);
                        });
@@ -264,15 +264,15 @@ result<Work> Communicator::broadcast_async(at::Tensor& tensor, int root, const C
   if (root < 0 || root >= state_->size) {
     return invalid(name, absl::StrCat("root: expected in [0, ", state_->size, "), got ", root));
   }
-  Op d;
-  d.name = name;
-  d.detail = absl::StrCat("(root ", root, ")");
-  d.tensor = &tensor;
-  d.bytes = detail::nbytes(tensor);
-  d.empty = tensor.numel() == 0;
-  d.check = detail::plain(tensor, d.detail);
+  Op operation;
+  operation.name = name;
+  operation.detail = absl::StrCat("(root ", root, ")");
+  operation.tensor = &tensor;
+  operation.bytes = detail::nbytes(tensor);
+  operation.empty = tensor.numel() == 0;
+  operation.check = detail::describe_tensor_call(tensor, operation.detail);
   at::Tensor t = tensor;
-  return detail::issue(state_, std::move(d), call,
+  return detail::issue(state_, std::move(operation), call,
                        [&](Millis timeout) { return state_->engine->broadcast(t, root, timeout); });
 }
 
@@ -295,10 +295,10 @@ result<Work> Communicator::all_to_all_async(at::Tensor& output, const at::Tensor
     return invalid(name, "input and output: need at least one dimension (rows are split)");
   }
   const std::int64_t n = state_->size;
-  Op d;
-  d.name = name;
-  d.tensor = &input;
-  d.bytes = detail::nbytes(input);
+  Op operation;
+  operation.name = name;
+  operation.tensor = &input;
+  operation.bytes = detail::nbytes(input);
   if (output_splits.empty() && input_splits.empty()) {
     if (input.size(0) % n != 0) {
       return invalid(name, absl::StrCat("input: dim 0 (", input.size(0),
@@ -309,8 +309,8 @@ result<Work> Communicator::all_to_all_async(at::Tensor& output, const at::Tensor
                      absl::StrCat("output: expected input's shape ", internal::shape_text(input),
                                   " for equal splits, got ", internal::shape_text(output)));
     }
-    d.empty = input.numel() == 0;
-    d.check = detail::plain(input, "(equal)");
+    operation.empty = input.numel() == 0;
+    operation.check = detail::describe_tensor_call(input, "(equal)");
   } else {
     auto check_splits = [&](const char* arg, const std::vector<std::int64_t>& s,
                             const at::Tensor& t, const char* tensor_arg) -> result<void> {
@@ -337,12 +337,12 @@ result<Work> Communicator::all_to_all_async(at::Tensor& output, const at::Tensor
       return invalid(name, absl::StrCat("output: trailing dims ", detail::trailing_text(output),
                                         " differ from input's ", detail::trailing_text(input)));
     }
-    d.detail = "(splits)";
-    d.check = detail::pairwise(input, input_splits, output_splits);
+    operation.detail = "(splits)";
+    operation.check = detail::pairwise(input, input_splits, output_splits);
   }
   at::Tensor out = output;
   at::Tensor in = input;
-  return detail::issue(state_, std::move(d), call, [&](Millis timeout) {
+  return detail::issue(state_, std::move(operation), call, [&](Millis timeout) {
     return state_->engine->all_to_all(out, in, output_splits, input_splits, timeout);
   });
 }
@@ -364,16 +364,16 @@ result<Work> p2p_async(const std::shared_ptr<GroupState>& g, bool sending, const
   if (!ok) return ok.error();
   ok = detail::check_peer(*g, name, peer, tag);
   if (!ok) return ok.error();
-  Op d;
-  d.name = name;
-  d.detail = absl::StrCat(sending ? "(to " : "(from ", peer, ", tag ", tag, ")");
-  d.tensor = &tensor;
-  d.bytes = detail::nbytes(tensor);
-  d.empty = tensor.numel() == 0;
-  d.p2p = true;
-  d.peers = {g->world_ranks[static_cast<std::size_t>(peer)]};
+  Op operation;
+  operation.name = name;
+  operation.detail = absl::StrCat(sending ? "(to " : "(from ", peer, ", tag ", tag, ")");
+  operation.tensor = &tensor;
+  operation.bytes = detail::nbytes(tensor);
+  operation.empty = tensor.numel() == 0;
+  operation.p2p = true;
+  operation.peers = {g->world_ranks[static_cast<std::size_t>(peer)]};
   at::Tensor t = tensor;
-  return detail::issue(g, std::move(d), call, [&](Millis /*timeout*/) {
+  return detail::issue(g, std::move(operation), call, [&](Millis /*timeout*/) {
     return sending ? g->engine->send(t, peer, tag) : g->engine->recv(t, peer, tag);
   });
 }
@@ -400,11 +400,11 @@ result<void> Communicator::recv(at::Tensor& tensor, int peer, int tag, const Cal
 }
 
 result<void> Communicator::barrier(const CallOptions& call) {
-  Op d;
-  d.name = "barrier";
-  d.check = detail::Descriptor{};
-  d.check->call = "barrier";
-  return detail::run_sync(detail::issue(state_, std::move(d), call, [&](Millis timeout) {
+  Op operation;
+  operation.name = "barrier";
+  operation.check = detail::Descriptor{};
+  operation.check->call = "barrier";
+  return detail::run_sync(detail::issue(state_, std::move(operation), call, [&](Millis timeout) {
     return state_->engine->barrier(timeout);
   }));
 }

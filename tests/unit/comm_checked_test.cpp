@@ -15,7 +15,7 @@ namespace {
 using Descriptors = std::vector<std::optional<Descriptor>>;
 
 TEST(CommChecked, PlainDescriptorNamesDtypeShapeAndDetail) {
-  const Descriptor d = plain(at::zeros({4, 8}, at::kFloat), "(sum)");
+  const Descriptor d = describe_tensor_call(at::zeros({4, 8}, at::kFloat), "(sum)");
   EXPECT_EQ(d.call, "float32 [4, 8](sum)");
   EXPECT_FALSE(d.pairwise);
 }
@@ -45,7 +45,7 @@ TEST(CommChecked, DecodeRefusesWhatIsNotADescriptor) {
 }
 
 TEST(CommChecked, AgreeingRanksGiveNoDisagreement) {
-  const Descriptor d = plain(at::zeros({2}, at::kFloat));
+  const Descriptor d = describe_tensor_call(at::zeros({2}, at::kFloat));
   EXPECT_EQ(disagreement(Descriptors{d, d, d}, 3), "");
   const Descriptors pair{pairwise(at::zeros({3, 2}), {1, 2}, {1, 3}),
                          pairwise(at::zeros({5, 2}), {3, 2}, {2, 2})};
@@ -53,8 +53,8 @@ TEST(CommChecked, AgreeingRanksGiveNoDisagreement) {
 }
 
 TEST(CommChecked, DisagreeingShapesNameEachGroupOfRanks) {
-  const Descriptor a = plain(at::zeros({2}, at::kFloat));
-  const Descriptor b = plain(at::zeros({3}, at::kFloat));
+  const Descriptor a = describe_tensor_call(at::zeros({2}, at::kFloat));
+  const Descriptor b = describe_tensor_call(at::zeros({3}, at::kFloat));
   EXPECT_EQ(disagreement(Descriptors{a, b, a}, 3), "ranks 0, 2: float32 [2]; rank 1: float32 [3]");
 }
 
@@ -66,14 +66,14 @@ TEST(CommChecked, SplitsThatDoNotPairNameTheSenderAndReceiver) {
 }
 
 TEST(CommChecked, APairwiseRankAmongPlainOnesDisagrees) {
-  const Descriptor a = plain(at::zeros({2}, at::kFloat));
+  const Descriptor a = describe_tensor_call(at::zeros({2}, at::kFloat));
   const Descriptor p = pairwise(at::zeros({2}, at::kFloat), {1, 1}, {1, 1});
   EXPECT_NE(disagreement(Descriptors{a, p}, 2), "");
   EXPECT_NE(disagreement(Descriptors{p, a}, 2), "");
 }
 
 TEST(CommChecked, ARankThatPostedGarbageIsNamed) {
-  const Descriptor a = plain(at::zeros({2}, at::kFloat));
+  const Descriptor a = describe_tensor_call(at::zeros({2}, at::kFloat));
   EXPECT_EQ(disagreement(Descriptors{a, std::nullopt}, 2),
             "rank 1 posted something that is not a call description");
 }
