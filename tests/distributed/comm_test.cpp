@@ -9,9 +9,7 @@
 #include "support/scoped_env.h"
 #include "world.h"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -202,15 +200,7 @@ class StoreProcess {
     std::vector<std::string> args = std::move(launcher);
     args.insert(args.end(),
                 {KEEL_STORE_EXE, "--port", std::to_string(port_), "--lifetime-s", "300"});
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&actions, 1, 2);
-    if (posix_spawnp(&pid_, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&actions);
+    pid_ = keel::testing::spawn_logged(std::move(args), log_);
   }
   ~StoreProcess() {
     if (pid_ <= 0) return;

@@ -28,6 +28,22 @@ extern char** environ;
 
 namespace keel::testing {
 
+// Starts `args` (argv[0] looked up on PATH) with stdout and stderr into
+// `log`; the child's pid, or -1 when it could not start.
+inline pid_t spawn_logged(std::vector<std::string> args, const std::string& log) {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  pid_t pid = -1;
+  if (posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid = -1;
+  posix_spawn_file_actions_destroy(&actions);
+  return pid;
+}
+
 using Clock = std::chrono::steady_clock;
 using Millis = std::chrono::milliseconds;
 
@@ -75,18 +91,7 @@ class World {
                              std::to_string(world_), "--port", std::to_string(port_)});
     args.insert(args.end(), extra_.begin(), extra_.end());
     args.insert(args.end(), more.begin(), more.end());
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, spawned.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                     0644);
-    posix_spawn_file_actions_adddup2(&actions, 1, 2);
-    if (posix_spawnp(&spawned.pid, argv[0], &actions, nullptr, argv.data(), environ) != 0) {
-      spawned.pid = -1;
-    }
-    posix_spawn_file_actions_destroy(&actions);
+    spawned.pid = spawn_logged(std::move(args), spawned.log);
     ranks_.push_back(spawned);
     return index;
   }
