@@ -739,6 +739,20 @@ const std::vector<DecodeCase>& decode_cases() {
       {"gqa32_8_lq128_prefill_bf16_causal", decode_shape(1, 32, 8, 128, 2000, 128, 128),
        at::kBFloat16,
        [](const Shape&) { return with_masks({Mask::causal(CausalAlignment::bottom_right)}); }},
+      // Causal prefill without autograd splits each block's keys: those every
+      // query sees run unmasked, the diagonal masked, merged by log-sum-exp
+      // (two query blocks here, of 128 and 72 rows).
+      {"gqa32_8_lq200_prefill_causal_split", decode_shape(1, 32, 8, 200, 1200, 64, 64), at::kFloat,
+       [](const Shape&) { return with_masks({Mask::causal(CausalAlignment::bottom_right)}); }},
+      // Per sequence: length 900 splits off its diagonal; length 700 hides the
+      // diagonal, so every key left is seen by every query (an unmasked piece
+      // alone).
+      {"gqa4_1_lq64_prefill_padding_causal_split", decode_shape(2, 4, 1, 64, 900, 64, 64),
+       at::kFloat,
+       [](const Shape&) {
+         return with_masks({Mask::causal(CausalAlignment::bottom_right),
+                            Mask::key_padding(at::tensor({900, 700}, at::kLong))});
+       }},
       {"gqa32_8_lq1_float64", decode_shape(2, 32, 8, 1, 300, 128, 128), at::kDouble,
        [](const Shape&) { return with_masks({Mask::causal(CausalAlignment::bottom_right)}); }},
   };
