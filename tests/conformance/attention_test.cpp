@@ -716,6 +716,13 @@ const std::vector<DecodeCase>& decode_cases() {
        [](const Shape&) {
          return with_masks({Mask::sliding_window(512, 0, CausalAlignment::bottom_right)});
        }},
+      // A 16-bit group of few rows (2 x 3) runs in the kernel's own
+      // grouped-query layout, its mask over query heads.
+      {"gqa8_4_lq3_f16_masked_heads_layout", decode_shape(2, 8, 4, 3, 500, 64, 64), at::kHalf,
+       [](const Shape&) {
+         return with_masks({Mask::causal(CausalAlignment::bottom_right),
+                            Mask::key_padding(at::tensor({500, 321}, at::kLong))});
+       }},
       {"gqa32_8_lq5_bf16_ragged", decode_shape(3, 32, 8, 5, 2100, 128, 128), at::kBFloat16,
        [](const Shape&) {
          return with_masks({Mask::causal(CausalAlignment::bottom_right),
