@@ -33,6 +33,10 @@ constexpr std::int64_t kConvertElements = std::int64_t{256} * 1024;
 // Queries per block on the flash kernel: bounds its additive mask to
 // group * rows * keys elements.
 constexpr std::int64_t kFlashQueryRows = 128;
+// The most keys and values of one kv head (bytes) that the grouped-query
+// layout reads once per query head of the group (flash_piece): half of this
+// machine's 2 MiB L2 per core.
+constexpr std::int64_t kHeadsLayoutBytes = std::int64_t{1} << 20;
 
 // `t` narrowed to batch b when its leading dim is the batch (of size B > 1);
 // a tensor that broadcasts over the batch is kept whole.
@@ -524,12 +528,19 @@ class Attend {
     const std::int64_t len = hi - lo;
     // The group's queries as the rows of their kv head: one product reads
     // each key once for the group. Where a 16-bit group has few rows (a
-    // decode step of 32/8), the kernel's own grouped-query layout instead
-    // (query heads against fewer kv heads, as SDPA's enable_gqa calls it),
-    // which its 16-bit path runs faster there: measured 0.54 against 0.62 ms
-    // (B=1 Lk=1024 32/8 bfloat16, in 2.9.1, 2.13.0 and 2.15.0 alike), where
-    // 32 rows (32/1) or more (prefill) and float32 run faster as rows.
-    const bool heads_layout = q_.scalar_type() != at::kFloat && group_ * rows < 16;
+    // decode step of 32/8) over keys that stay in the core's cache between
+    // the group's heads (at most kHeadsLayoutBytes of keys and values per kv
+    // head), the kernel's own grouped-query layout instead (query heads
+    // against fewer kv heads, as SDPA's enable_gqa calls it), which its
+    // 16-bit path runs faster there: measured 0.54 against 0.62 ms (B=1
+    // Lk=1024 32/8 bfloat16, in 2.9.1, 2.13.0 and 2.15.0 alike). 32 rows
+    // (32/1) or more (prefill), float32, and longer ranges (B=8 Lk=8192
+    // 32/8: 70 against 51 ms, each key read once per query head) run faster
+    // as rows.
+    const bool heads_layout =
+        q_.scalar_type() != at::kFloat && group_ * rows < 16 &&
+        len * (k.size(3) + v.size(3)) * static_cast<std::int64_t>(k.element_size()) <=
+            kHeadsLayoutBytes;
     const at::Tensor qh =
         heads_layout ? q_.narrow(0, b0, nb).narrow(2, q0, rows) : group_rows(q_, b0, nb, q0, rows);
     const at::Tensor kb = k.narrow(0, c0, nb).narrow(2, lo, len);
