@@ -112,7 +112,7 @@ std::optional<KeyRange> interval_range(const AttentionSpec& spec, const MaskGeom
         r.full = r.full && rows == 1;
         break;
       case MaskKind::key_padding: {
-        const std::int64_t len = m.kv_lengths.item<std::int64_t>();
+        const auto len = m.kv_lengths.item<std::int64_t>();
         r.hi = std::min(r.hi, len);
         r.inner_hi = std::min(r.inner_hi, len);
         break;
@@ -501,6 +501,7 @@ class Attend {
           flash_piece(b0, nb, q0, rows, k, v, c0, g, range.inner_hi, range.hi, true, sb));
     }
     std::vector<at::Tensor> ls;
+    ls.reserve(pieces.size());
     for (const auto& piece : pieces) ls.push_back(piece.second);
     // Every row sees the inner keys, so its lse is finite.
     const at::Tensor lse = at::logsumexp(at::stack(ls), 0);
