@@ -125,44 +125,25 @@ internal::AttentionResult contiguous_route(const internal::AttentionCall& call) 
 }
 
 internal::Capability attention_capability() {
-  internal::Capability c;
-  c.operation = "attention";
-  c.dtypes = internal::floating_dtypes();
-  c.devices = {c10::DeviceType::CPU, c10::DeviceType::CUDA};
-  c.features = {"causal (top-left, bottom-right)",
-                "sliding window",
-                "chunked causal",
-                "prefix-LM",
-                "document ids",
-                "key padding",
-                "block mask",
-                "boolean mask",
-                "and/or composition",
-                "scale",
-                "softcap",
-                "ALiBi",
-                "bias",
-                "GQA/MQA",
-                "decode (Lq <= 16) and chunked prefill",
-                "paged KV cache (inference)",
-                "log-sum-exp",
-                "autograd"};
-  c.implementation =
+  return internal::Capability::floating(
+      "attention",
+      {"causal (top-left, bottom-right)", "sliding window", "chunked causal", "prefix-LM",
+       "document ids", "key padding", "block mask", "boolean mask", "and/or composition", "scale",
+       "softcap", "ALiBi", "bias", "GQA/MQA", "decode (Lq <= 16) and chunked prefill",
+       "paged KV cache (inference)", "log-sum-exp", "autograd"},
       "kernels::paged_attention for a paged cache on the CPU (pages read in place through a "
       "bounded tile; gathered per sequence on other devices); "
       "kernels::decode_attention on the CPU for Lq <= 16 (decode, speculative verification) and "
-      "chunked prefill (Lq < Lk <= 1024, no score modifier): each kv head read once for its "
+      "chunked prefill (Lq < Lk, Lq <= 1024, no score modifier): each kv head read once for its "
       "query group, only the visible keys of each sequence, no copy of the cache, on "
       "at::_scaled_dot_product_flash_attention_for_cpu with the group's queries as rows where it "
       "serves, keel's products otherwise; at::scaled_dot_product_attention for dense calls it "
-      "computes exactly (no "
-      "mask, causal, a "
-      "boolean mask without empty rows, a finite bias without gradient; no softcap or lse); "
+      "computes exactly (no mask, causal, a boolean mask without empty rows, a finite bias without "
+      "gradient; no softcap or lse); "
       "kernels::block_sparse_attention otherwise: blocks of 128 classified from the mask spec, "
       "one call of at::_scaled_dot_product_flash_attention_for_cpu per contiguous range of "
       "visible key blocks (batched across query blocks; CPU, no score modifier, Ev == E), "
-      "else a tile loop on plain ATen ops";
-  return c;
+      "else a tile loop on plain ATen ops");
 }
 
 class CompatAttention final : public internal::AttentionKernel {

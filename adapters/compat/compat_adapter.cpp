@@ -5,6 +5,7 @@
 #include "dispatch/logsumexp.h"
 #include "linear_cross_entropy.h"
 #include "masked_logsumexp.h"
+#include "vector_math.h"
 
 namespace keel::adapters {
 namespace {
@@ -12,15 +13,9 @@ namespace {
 class CompatLogsumexp final : public internal::LogsumexpKernel {
  public:
   const internal::Capability& capability() const noexcept override {
-    static const internal::Capability kCapability = [] {
-      internal::Capability c;
-      c.operation = "logsumexp";
-      c.dtypes = internal::floating_dtypes();
-      c.devices = {c10::DeviceType::CPU, c10::DeviceType::CUDA};
-      c.features = {internal::kFeatureMask, "keepdim", "zero gradient on empty rows"};
-      c.implementation = "kernels::masked_logsumexp: max-shifted exp/sum/log in float32";
-      return c;
-    }();
+    static const internal::Capability kCapability = internal::Capability::floating(
+        "logsumexp", {internal::kFeatureMask, "keepdim", "zero gradient on empty rows"},
+        "kernels::masked_logsumexp: max-shifted exp/sum/log in float32");
     return kCapability;
   }
   at::Tensor run(const internal::LogsumexpCall& call) const override {
@@ -55,6 +50,7 @@ class CompatAdapter final : public internal::Adapter {
 }  // namespace
 
 std::unique_ptr<internal::Adapter> make_compat_adapter() {
+  kernels::settle_vector_math();  // before this adapter serves anything
   return std::make_unique<CompatAdapter>();
 }
 

@@ -47,30 +47,16 @@ internal::LinearCrossEntropyResult CompatLinearCrossEntropy::run(
 }
 
 const internal::Capability& CompatLinearCrossEntropy::capability() const noexcept {
-  static const internal::Capability kCapability = [] {
-    internal::Capability c;
-    c.operation = "linear_cross_entropy";
-    c.dtypes = internal::floating_dtypes();
-    c.devices = {c10::DeviceType::CPU, c10::DeviceType::CUDA};
-    c.features = {"reduction mean/sum/none",
-                  "ignore_index",
-                  "label_smoothing",
-                  "class_weights",
-                  "z_loss",
-                  "logit_softcap",
-                  "bias",
-                  "chunk_size",
-                  "vocab_chunk_size (online log-sum-exp, recompute in backward)",
-                  "chunk_budget_bytes",
-                  "accumulation_dtype float32/float64",
-                  "per-token loss and lse",
-                  "vocab_parallel (weight sharded by vocabulary over a keel::comm::Communicator)"};
-    c.implementation =
-        "kernels::chunked_linear_cross_entropy: token chunks, logits never materialised, "
-        "gradients formed in forward into the accumulation-dtype buffers handed to autograd, "
-        "or recomputed in backward with vocabulary blocks";
-    return c;
-  }();
+  static const internal::Capability kCapability = internal::Capability::floating(
+      "linear_cross_entropy",
+      {"reduction mean/sum/none", "ignore_index", "label_smoothing", "class_weights", "z_loss",
+       "logit_softcap", "bias", "chunk_size",
+       "vocab_chunk_size (online log-sum-exp, recompute in backward)", "chunk_budget_bytes",
+       "accumulation_dtype float32/float64", "per-token loss and lse",
+       "vocab_parallel (weight sharded by vocabulary over a keel::comm::Communicator)"},
+      "kernels::chunked_linear_cross_entropy: token chunks, logits never materialised, "
+      "gradients formed in forward into the accumulation-dtype buffers handed to autograd, "
+      "or recomputed in backward with vocabulary blocks");
   return kCapability;
 }
 

@@ -10,6 +10,7 @@
 #include "comm.h"
 #include "dispatch/linear_cross_entropy.h"
 #include "dispatch/logsumexp.h"
+#include "vector_math.h"
 
 // torch/headeronly/version.h is new in 2.13 (the macros moved there); CMake
 // compiles this adapter only for >= 2.13, and this says so where it matters.
@@ -27,15 +28,8 @@ class NativeLogsumexp final : public internal::LogsumexpKernel {
  public:
   // No mask: at::logsumexp takes none.
   const internal::Capability& capability() const noexcept override {
-    static const internal::Capability kCapability = [] {
-      internal::Capability c;
-      c.operation = "logsumexp";
-      c.dtypes = internal::floating_dtypes();
-      c.devices = {c10::DeviceType::CPU, c10::DeviceType::CUDA};
-      c.features = {"keepdim", "zero gradient on empty rows"};
-      c.implementation = "at::logsumexp in float32";
-      return c;
-    }();
+    static const internal::Capability kCapability = internal::Capability::floating(
+        "logsumexp", {"keepdim", "zero gradient on empty rows"}, "at::logsumexp in float32");
     return kCapability;
   }
   at::Tensor run(const internal::LogsumexpCall& call) const override {
@@ -103,6 +97,7 @@ class NativeAdapter final : public internal::Adapter {
 }  // namespace
 
 std::unique_ptr<internal::Adapter> make_native_adapter() {
+  kernels::settle_vector_math();  // before this adapter serves anything
   return std::make_unique<NativeAdapter>();
 }
 

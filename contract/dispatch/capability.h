@@ -80,6 +80,19 @@ struct Capability {
     return c;
   }
 
+  // A kernel that serves every floating dtype keel takes (float16,
+  // bfloat16, float32, float64) on CPU and CUDA tensors.
+  static Capability floating(std::string operation, std::vector<std::string> features,
+                             std::string implementation) {
+    Capability c;
+    c.operation = std::move(operation);
+    c.dtypes = {c10::kHalf, c10::kBFloat16, c10::kFloat, c10::kDouble};
+    c.devices = {c10::DeviceType::CPU, c10::DeviceType::CUDA};
+    c.features = std::move(features);
+    c.implementation = std::move(implementation);
+    return c;
+  }
+
   // A capability that serves nothing, for `reason`.
   static Capability none(std::string operation, std::string reason) {
     Capability c;
@@ -88,10 +101,5 @@ struct Capability {
     return c;
   }
 };
-
-// The floating dtypes every keel operation takes.
-inline std::vector<c10::ScalarType> floating_dtypes() {
-  return {c10::kHalf, c10::kBFloat16, c10::kFloat, c10::kDouble};
-}
 
 }  // namespace keel::internal

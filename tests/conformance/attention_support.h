@@ -116,32 +116,24 @@ inline void expect_gradients_within_rule(const Qkv& x, const AttentionSpec& spec
 // A suite parameterised by (adapter, named case): seeded per test, skipped on
 // an adapter that declines attention; each case is named in the test's name.
 //
-// These suites run ATen on one intra-op thread. With two threads on this
-// 2-core machine and ctest running four tests at once, the decode kernel's
-// results (keel's products and the flash route) came out 1e-5 off the
-// float64 reference in 1-3 of 44 tests (`ctest -R
-// 'DecodeConformance|PagedConformance' -j4 --repeat until-fail:4`), never
-// with one thread and never alone: an open defect under investigation
-// (issue 20's note), not a tolerance to widen. What is known (2026-12-04):
-// the bad result is one discrete alternative, the same bits in every
-// failing run (keel's output L1 sum 1173.27487 against 1173.27834 for
-// gqa4_2_lq16_window_ev_ne_e, which 1, 2 and 4 threads otherwise give
-// alike); MKL_NUM_THREADS=1, MKL_CBWR=COMPATIBLE and MALLOC_PERTURB_ do
-// not remove it; nor do MKL_DYNAMIC=FALSE and OMP_DYNAMIC=FALSE (2 of 12
-// rounds of 352 tests still failed, 2026-12-04); nor does MKL's own
-// threading: with MKL_Set_Num_Threads_Local(1) after at::set_num_threads(2)
-// (ATen sets mkl_set_dynamic(false) itself), the same case still failed 2 of
-// 153 runs (2026-12-05). One process alone beside
-// three busy loops gave 0 failures in 50 runs: the trigger is not CPU
-// load alone. KEEL_TEST_THREADS=N runs these suites on N threads, to
-// reproduce it.
+// These suites run at libtorch's own intra-op thread count (the machine's
+// cores) unless KEEL_TEST_THREADS=N says otherwise: keel's results must not
+// depend on it. Until 2026-12-05 they ran on one thread, quarantined: at two
+// threads, a process's first decode call came out 100 times the naive
+// float32 error in about 1 of 60 fresh processes (`ctest -R
+// 'DecodeConformance|PagedConformance' -j4 --repeat until-fail:4`). The cause
+// was MKL's vector math, not keel's kernel: the first exp of a process split
+// across two threads computed the worker's half at about 12 bits.
+// kernels::settle_vector_math() (kernels/vector_math.h) now runs it whole
+// first.
 inline int threads_for_test() {
   // NOLINTNEXTLINE(concurrency-mt-unsafe): read in SetUp, before the test starts threads
   const char* text = std::getenv("KEEL_TEST_THREADS");
-  if (text == nullptr) return 1;
+  if (text == nullptr) return at::get_num_threads();
   char* end = nullptr;
   const long n = std::strtol(text, &end, 10);
-  return end != text && *end == '\0' && n >= 1 && n <= 64 ? static_cast<int>(n) : 1;
+  return end != text && *end == '\0' && n >= 1 && n <= 64 ? static_cast<int>(n)
+                                                          : at::get_num_threads();
 }
 
 class AdapterAndCase : public ::testing::TestWithParam<std::tuple<Backend, std::string>> {
