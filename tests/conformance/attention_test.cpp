@@ -728,6 +728,20 @@ const std::vector<DecodeCase>& decode_cases() {
          return with_masks({Mask::causal(CausalAlignment::bottom_right),
                             Mask::key_padding(at::tensor({2100, 5, 1030}, at::kLong))});
        }},
+      // keel's fused kernel (kernels/fused_decode.h): each query's own
+      // interval of keys (causal, a window, a length per sequence), 10 rows
+      // per kv head; 16 rows of head dim 80 over one kv head, its keys split
+      // into runs merged by log-sum-exp; bfloat16 with Ev != E.
+      {"gqa8_4_lq5_fused_row_intervals", decode_shape(2, 8, 4, 5, 2000, 128, 128), at::kFloat,
+       [](const Shape&) {
+         return with_masks({Mask::causal(CausalAlignment::bottom_right),
+                            Mask::sliding_window(300, 0, CausalAlignment::bottom_right),
+                            Mask::key_padding(at::tensor({2000, 1003}, at::kLong))});
+       }},
+      {"gqa16_1_lq1_fused_runs_e80", decode_shape(1, 16, 1, 1, 3000, 80, 80), at::kFloat,
+       [](const Shape&) { return with_masks({Mask::causal(CausalAlignment::bottom_right)}); }},
+      {"gqa8_2_lq3_fused_bf16_ev_ne_e", decode_shape(2, 8, 2, 3, 1500, 64, 32), at::kBFloat16,
+       [](const Shape&) { return with_masks({Mask::causal(CausalAlignment::bottom_right)}); }},
       // Chunked prefill (Lq < Lk): the flash kernel, masked over the visible keys.
       {"gqa32_8_lq128_prefill_window", decode_shape(2, 32, 8, 128, 1500, 128, 128), at::kFloat,
        [](const Shape&) {

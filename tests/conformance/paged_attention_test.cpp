@@ -112,6 +112,16 @@ const std::vector<PagedCase>& paged_cases() {
        [](const Shape&) {
          return with_masks({Mask::sliding_window(100, 0, CausalAlignment::bottom_right)});
        }},
+      // keel's fused kernel: 12 rows per kv head, each its own window, head
+      // dim 80, a sequence shorter than its queries and one of exactly a page.
+      {"gqa16_4_lq3_fused_window_e80",
+       decode_shape(3, 16, 4, 3, 700, 80, 80),
+       at::kFloat,
+       16,
+       {3, 16, 700},
+       [](const Shape&) {
+         return with_masks({Mask::sliding_window(100, 0, CausalAlignment::bottom_right)});
+       }},
       {"gqa32_8_lq128_chunked_prefill",
        decode_shape(2, 32, 8, 128, 900, 64, 64),
        at::kFloat,
