@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
 
 #include "accumulation.h"
@@ -329,15 +330,30 @@ bool flash_serves(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
          v.size(3) == q.size(3) && q.scalar_type() != at::kDouble && !lse_on_graph && !empty;
 }
 
+// The most query rows per kv head of a contiguous cache that the fused
+// kernel takes. Beyond them keel's grouped products (GEMMs) compute faster
+// than its dot products: 32/1 (32 rows), B=8 Lk=8192 bfloat16, 8.8-9.0 ms
+// against 23.5-24.3 fused. On pages the products read through a tile the
+// kernel does not need, and it took 0.5-1.0 of their time there.
+constexpr std::int64_t kFusedContiguousRows = 16;
+
 // Whether the fused kernel (fused_decode.h) serves this call's `rows`
 // queries, on this machine: float32 or bfloat16 q, k and v, no score
-// modifier, at most kFusedMaxRows rows per kv head, rows of adjacent
-// elements in the cache, off the autograd graph; and a paged cache, or a
-// group of query heads per kv head. One query head per kv head of a
-// contiguous cache stays on libtorch's flash kernel, which read bfloat16
-// faster there (B=1 Lk=1024 32/32: 1.9-2.1 against 2.3-2.5 ms; float32 the
-// same), where the fused kernel took 0.75-0.85 of its time at 32/8 (B=8
-// Lk=8192 bfloat16: 46-51 against 61-64 ms) and 0.45-0.6 on pages.
+// modifier, rows of adjacent elements in the cache, off the autograd graph;
+// and a paged cache (up to kFusedMaxRows rows per kv head), or a group of
+// query heads per kv head of a contiguous cache (up to kFusedContiguousRows)
+// at one intra-op thread. Measured against the previous routes, same
+// binary, libtorch 2.15.0 (docs/benchmarks.md):
+// - pages: 0.4-0.86 of the time at one thread, 0.45-0.65 at two;
+// - contiguous, one thread: bfloat16 32/8 B=8 Lk=8192 45-51 against 61-64
+//   ms, float32 the same;
+// - contiguous, two threads: slower (bfloat16 32/8 B=1 Lk=1024 0.64 against
+//   0.54 ms; B=8 Lk=8192 34 against 31): libtorch's kernels share its
+//   OpenMP threads, where the fused kernel's helpers come from the inter-op
+//   pool;
+// - one query head per kv head (32/32) of a contiguous cache: libtorch's
+//   flash kernel read bfloat16 faster (B=1 Lk=1024: 1.9-2.1 against 2.3-2.5
+//   ms; float32 the same).
 bool fused_serves(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const AttentionSpec& spec, std::int64_t group, std::int64_t rows, bool paged) {
   const at::ScalarType dtype = q.scalar_type();
@@ -345,8 +361,11 @@ bool fused_serves(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
   return (dtype == at::kFloat || dtype == at::kBFloat16) && k.scalar_type() == dtype &&
          v.scalar_type() == dtype && !grad && spec.softcap == 0 && !spec.alibi_slopes.defined() &&
-         !spec.bias.defined() && group * rows <= kFusedMaxRows && (paged || group > 1) &&
-         k.stride(3) == 1 && v.stride(3) == 1 && fused_decode_runs_here(q.size(3), v.size(3));
+         !spec.bias.defined() &&
+         (paged ||
+          (group > 1 && group * rows <= kFusedContiguousRows && at::get_num_threads() == 1)) &&
+         group * rows <= kFusedMaxRows && k.stride(3) == 1 && v.stride(3) == 1 &&
+         fused_decode_runs_here(q.size(3), v.size(3));
 }
 
 }  // namespace

@@ -1,8 +1,14 @@
 #include "fused_decode.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <condition_variable>
+#include <exception>
+#include <functional>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <type_traits>
 #include <vector>
@@ -145,6 +151,61 @@ KEEL_AVX512 void block_rows(const CacheRows& side, const Task& t, std::int64_t s
   }
 }
 
+// Query rows per step of the products: one load of a key (value) chunk
+// serves this many rows, whose sums are independent chains.
+constexpr std::int64_t kRowStep = 4;
+
+// Calls f(std::integral_constant<int, n>) for n = rows (1 .. kRowStep).
+template <typename F>
+void by_rows(std::int64_t rows, F&& f) {
+  switch (rows) {
+    case 1:
+      return f(std::integral_constant<int, 1>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    case 3:
+      return f(std::integral_constant<int, 3>{});
+    default:
+      return f(std::integral_constant<int, 4>{});
+  }
+}
+
+// Scores of R query rows (q, R x e_dim) against the block's nk keys, into
+// s (R rows of kBlockKeys).
+template <int R>
+KEEL_AVX512 void row_scores(const float* q, std::int64_t e_dim, const float* const* kf,
+                            std::int64_t nk, float* s) {
+  for (std::int64_t u = 0; u < nk; ++u) {
+    __m512 a[R];
+    for (int r = 0; r < R; ++r) a[r] = _mm512_setzero_ps();
+    for (std::int64_t e = 0; e < e_dim; e += 16) {
+      const __m512 kc = _mm512_loadu_ps(kf[u] + e);
+      for (int r = 0; r < R; ++r) {
+        a[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q + r * e_dim + e), kc, a[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) s[r * kBlockKeys + u] = _mm512_reduce_add_ps(a[r]);
+  }
+}
+
+// acc (R rows of ev_dim) += p (R rows of kBlockKeys weights) x the block's
+// nk value rows.
+template <int R>
+KEEL_AVX512 void row_values(const float* p, const float* const* vf, std::int64_t nk,
+                            std::int64_t ev_dim, float* acc) {
+  for (std::int64_t e = 0; e < ev_dim; e += 16) {
+    __m512 a[R];
+    for (int r = 0; r < R; ++r) a[r] = _mm512_loadu_ps(acc + r * ev_dim + e);
+    for (std::int64_t u = 0; u < nk; ++u) {
+      const __m512 vc = _mm512_loadu_ps(vf[u] + e);
+      for (int r = 0; r < R; ++r) {
+        a[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[r * kBlockKeys + u]), vc, a[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + r * ev_dim + e, a[r]);
+  }
+}
+
 // Asks for the rows of the block at j0 (its keys and values), a block ahead
 // of their use: a block's rows are 16 short runs (a page each, in a paged
 // cache), which the hardware prefetcher alone leaves waiting on memory.
@@ -178,29 +239,20 @@ KEEL_AVX512 void task_avx512(const FusedDecodeCall& c, const Task& t, Scratch& s
     if (j0 + kBlockKeys < t.hi) prefetch_block<T>(c, t, j0 + kBlockKeys);
     block_rows<T>(c.k, t, c.c0 + t.b, j0, nk, e_dim, sc.k.data(), kf);
     block_rows<T>(c.v, t, c.c0 + t.b, j0, nk, ev_dim, sc.v.data(), vf);
-    // Scores: every row against every key of the block (two accumulators
-    // per dot product halve its dependency chain).
-    for (std::int64_t i = 0; i < rows_m; ++i) {
-      const float* qi = sc.q.data() + i * e_dim;
-      for (std::int64_t u = 0; u < nk; ++u) {
-        __m512 a0 = _mm512_setzero_ps();
-        __m512 a1 = _mm512_setzero_ps();
-        std::int64_t e = 0;
-        for (; e + 32 <= e_dim; e += 32) {
-          a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qi + e), _mm512_loadu_ps(kf[u] + e), a0);
-          a1 = _mm512_fmadd_ps(_mm512_loadu_ps(qi + e + 16), _mm512_loadu_ps(kf[u] + e + 16), a1);
-        }
-        if (e < e_dim)
-          a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qi + e), _mm512_loadu_ps(kf[u] + e), a0);
-        s[i * kBlockKeys + u] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-      }
+    // Scores: every row against every key of the block, four rows at a time.
+    for (std::int64_t i = 0; i < rows_m; i += kRowStep) {
+      by_rows(std::min(kRowStep, rows_m - i), [&](auto rows) {
+        row_scores<decltype(rows)::value>(sc.q.data() + i * e_dim, e_dim, kf, nk,
+                                          s + i * kBlockKeys);
+      });
     }
     // Online softmax, a row at a time: s becomes the row's weights.
-    std::uint32_t seen = 0;  // rows that see some key of the block
     for (std::int64_t i = 0; i < rows_m; ++i) {
       const auto lanes = static_cast<__mmask16>(visible_lanes(c, i % c.rows, j0, nk));
-      if (lanes == 0) continue;
-      seen |= 1U << i;
+      if (lanes == 0) {
+        _mm512_storeu_ps(s + i * kBlockKeys, _mm512_setzero_ps());
+        continue;
+      }
       const __m512 sv = _mm512_mask_loadu_ps(minus_inf, lanes, s + i * kBlockKeys);
       const Rescale rs = rescale(t.m[i], _mm512_mask_reduce_max_ps(lanes, sv));
       const __m512 pv = _mm512_maskz_mov_ps(lanes, exp16(_mm512_sub_ps(sv, _mm512_set1_ps(rs.m))));
@@ -215,22 +267,12 @@ KEEL_AVX512 void task_avx512(const FusedDecodeCall& c, const Task& t, Scratch& s
         }
       }
     }
-    // Values: each row's weights times the block's value rows.
-    for (std::int64_t e = 0; e < ev_dim; e += 16) {
-      for (std::int64_t i = 0; i < rows_m; ++i) {
-        if ((seen >> i & 1U) == 0) continue;
-        const float* p = s + i * kBlockKeys;
-        float* acc = t.acc + i * ev_dim + e;
-        __m512 a0 = _mm512_loadu_ps(acc);
-        __m512 a1 = _mm512_setzero_ps();
-        std::int64_t u = 0;
-        for (; u + 2 <= nk; u += 2) {
-          a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[u]), _mm512_loadu_ps(vf[u] + e), a0);
-          a1 = _mm512_fmadd_ps(_mm512_set1_ps(p[u + 1]), _mm512_loadu_ps(vf[u + 1] + e), a1);
-        }
-        if (u < nk) a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[u]), _mm512_loadu_ps(vf[u] + e), a0);
-        _mm512_storeu_ps(acc, _mm512_add_ps(a0, a1));
-      }
+    // Values: each row's weights times the block's value rows, four rows
+    // at a time.
+    for (std::int64_t i = 0; i < rows_m; i += kRowStep) {
+      by_rows(std::min(kRowStep, rows_m - i), [&](auto rows) {
+        row_values<decltype(rows)::value>(s + i * kBlockKeys, vf, nk, ev_dim, t.acc + i * ev_dim);
+      });
     }
   }
 }
@@ -239,6 +281,77 @@ KEEL_AVX512 void task_avx512(const FusedDecodeCall& c, const Task& t, Scratch& s
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
   return (a + b - 1) / b;
+}
+
+// Tasks [0, total), claimed one at a time by whoever runs them.
+class TaskQueue {
+ public:
+  explicit TaskQueue(std::int64_t total) : total_(total) {}
+  // The next unclaimed task, or -1.
+  std::int64_t claim() {
+    const std::int64_t t = next_.fetch_add(1);
+    return t < total_ ? t : -1;
+  }
+  void done_one() {
+    if (done_.fetch_add(1) + 1 == total_) {
+      const std::lock_guard<std::mutex> lock(mu_);
+      all_done_.notify_all();
+    }
+  }
+  void fail(std::exception_ptr e) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    if (!error_) error_ = std::move(e);
+  }
+  // Returns once every task is done (each claimed one is running on a
+  // thread that is finishing it); rethrows the first task's exception.
+  void wait_all() {
+    std::unique_lock<std::mutex> lock(mu_);
+    all_done_.wait(lock, [&] { return done_.load() == total_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  const std::int64_t total_;
+  std::atomic<std::int64_t> next_{0};
+  std::atomic<std::int64_t> done_{0};
+  std::mutex mu_;
+  std::condition_variable all_done_;
+  std::exception_ptr error_;
+};
+
+// Runs `body(first, queue)` on the calling thread and on up to
+// at::get_num_threads() - 1 helpers from ATen's inter-op pool, each from
+// the first task it claimed; body claims the rest and marks each done.
+//
+// Not at::parallel_for: in libtorch's OpenMP builds that is an inline
+// template whose `omp parallel` runs in parallel only in a translation unit
+// compiled with -fopenmp (keel's ran on one thread), and a second OpenMP
+// runtime beside libtorch's is worse. The caller never waits for a helper
+// to start: it claims what is left itself, then waits for the tasks
+// helpers claimed, which are running. A helper that starts late claims
+// nothing and returns without touching the call's state.
+void run_tasks(std::int64_t total, const std::function<void(std::int64_t, TaskQueue&)>& body) {
+  const auto queue = std::make_shared<TaskQueue>(total);
+  const auto participate = [&body](TaskQueue& q) {
+    const std::int64_t first = q.claim();
+    if (first < 0) return;
+    try {
+      body(first, q);
+    } catch (...) {
+      // Only an allocation can throw; the tasks left are marked done so
+      // that the wait ends, and the caller rethrows.
+      q.fail(std::current_exception());
+      for (std::int64_t t = q.claim(); t >= 0; t = q.claim()) q.done_one();
+      q.done_one();
+    }
+  };
+  const std::int64_t helpers =
+      at::in_parallel_region() ? 0 : std::min<std::int64_t>(at::get_num_threads(), total) - 1;
+  for (std::int64_t h = 0; h < helpers; ++h) {
+    at::launch([queue, participate] { participate(*queue); });
+  }
+  participate(*queue);
+  queue->wait_all();
 }
 
 }  // namespace
@@ -285,9 +398,9 @@ void fused_decode(const FusedDecodeCall& c) {
   std::vector<float> m(static_cast<std::size_t>(heads * runs * rows_m), kMinusInf);
   std::vector<float> l(static_cast<std::size_t>(heads * runs * rows_m), 0.0F);
   if (len > 0) {
-    at::parallel_for(0, heads * runs, 1, [&](std::int64_t begin, std::int64_t end) {
+    run_tasks(heads * runs, [&](std::int64_t first, TaskQueue& queue) {
       Scratch sc(c);
-      for (std::int64_t task = begin; task < end; ++task) {
+      for (std::int64_t task = first; task >= 0; task = queue.claim()) {
         const std::int64_t head = task / runs;
         const std::int64_t run = task % runs;
         Task t;
@@ -305,6 +418,7 @@ void fused_decode(const FusedDecodeCall& c) {
           task_avx512<c10::BFloat16>(c, t, sc);
         }
 #endif
+        queue.done_one();
       }
     });
   }

@@ -20,7 +20,7 @@
 namespace keel::kernels {
 
 // The most query rows (group size times queries) per kv head.
-constexpr std::int64_t kFusedMaxRows = 16;
+constexpr std::int64_t kFusedMaxRows = 32;
 
 // Where the rows of one side of the cache (keys or values) lie, in elements
 // of the cache's dtype. A contiguous cache: row j of head h of sequence s at

@@ -792,15 +792,23 @@ class DecodeConformance : public AdapterAndCase {
   }
 };
 
+// At the test's thread count and at one thread, where a contiguous cache's
+// grouped-query decode takes keel's fused kernel (kernels/fused_decode.h).
 TEST_P(DecodeConformance, MatchesFloat64Reference) {
   const DecodeCase& c = the_case();
   const Qkv x = make_qkv(c.shape, c.dtype);
-  for (bool lse : {false, true}) {
-    SCOPED_TRACE(lse ? "with lse" : "without lse");
-    AttentionSpec spec = c.spec(c.shape);
-    spec.return_lse = lse;
-    expect_within_rule(x, spec, run(x, spec), 1e-6);
+  const int threads = at::get_num_threads();
+  for (const int n : {threads, 1}) {
+    if (n == 1 && threads == 1) break;
+    at::set_num_threads(n);
+    for (bool lse : {false, true}) {
+      SCOPED_TRACE(std::to_string(n) + (lse ? " thread(s), with lse" : " thread(s), without lse"));
+      AttentionSpec spec = c.spec(c.shape);
+      spec.return_lse = lse;
+      expect_within_rule(x, spec, run(x, spec), 1e-6);
+    }
   }
+  at::set_num_threads(threads);
 }
 
 // The decode path is differentiable: gradients of q, k and v against float64

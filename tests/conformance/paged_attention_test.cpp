@@ -122,6 +122,13 @@ const std::vector<PagedCase>& paged_cases() {
        [](const Shape&) {
          return with_masks({Mask::sliding_window(100, 0, CausalAlignment::bottom_right)});
        }},
+      // 32 rows per kv head, the most the fused kernel takes on pages.
+      {"gqa32_1_lq1_fused_32_rows",
+       decode_shape(2, 32, 1, 1, 1000, 128, 128),
+       at::kFloat,
+       32,
+       {1000, 31},
+       [](const Shape&) { return with_masks({Mask::causal(CausalAlignment::bottom_right)}); }},
       {"gqa32_8_lq128_chunked_prefill",
        decode_shape(2, 32, 8, 128, 900, 64, 64),
        at::kFloat,
