@@ -344,7 +344,7 @@ constexpr std::int64_t kFusedContiguousRows = 16;
 // query heads per kv head of a contiguous cache (up to kFusedContiguousRows)
 // at one intra-op thread. Measured against the previous routes, same
 // binary, libtorch 2.15.0 (docs/benchmarks.md):
-// - pages: 0.4-0.86 of the time at one thread, 0.45-0.65 at two;
+// - pages: 0.4-0.86 of the time at one thread, 0.4-0.63 at two;
 // - contiguous, one thread: bfloat16 32/8 B=8 Lk=8192 45-51 against 61-64
 //   ms, float32 the same;
 // - contiguous, two threads: slower (bfloat16 32/8 B=1 Lk=1024 0.64 against
