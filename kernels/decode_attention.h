@@ -7,9 +7,12 @@
 // head, for libtorch's CPU flash kernel over a view of the visible keys
 // (masked there when not every query sees every key), or for keel's own
 // matrix products where the flash kernel cannot serve (score modifiers,
-// Ev != E, float64, a paged cache, an lse that autograd must reach). The
-// cache is never expanded or copied whole: keel's products read a narrow
-// (16-bit) cache or pages through a bounded tile. Differentiable through
+// Ev != E, float64, a paged cache, an lse that autograd must reach), or,
+// off the autograd graph where each query's keys are one interval, keel's
+// fused kernel (fused_decode.h: pages, and grouped-query heads at one
+// intra-op thread). The cache is never expanded or copied whole: keel's
+// products read a narrow (16-bit) cache or pages through a bounded tile,
+// the fused kernel reads rows where they lie. Differentiable through
 // autograd on a contiguous cache; every score modifier and mask kind.
 #pragma once
 

@@ -224,8 +224,9 @@ struct PagedKVCache {
 /// Mask and bias tensors that index keys (document ids, a boolean mask,
 /// `bias`) address key positions 0 .. `max_pages * page_size` - 1 and are
 /// read over each sequence's first `lengths[b]`; a block mask is not
-/// available on a paged cache. Pages are read where they lie (on the CPU, a
-/// cache-sized tile at a time; the sequence is never gathered whole). This is
+/// available on a paged cache. Pages are read where they lie (on the CPU,
+/// row by row, or a cache-sized tile at a time; the sequence is never
+/// gathered whole). This is
 /// an inference call: it is `unsupported` when autograd would have to reach
 /// q, the pages or `bias` (call it under `at::NoGradGuard` or with tensors
 /// that do not require grad).
