@@ -24,7 +24,7 @@
 #endif
 #include <immintrin.h>
 // The AVX-512 path is compiled for AVX-512 whatever the build's target, and
-// runs only where the CPU reports it (best_simd_path).
+// runs only where the CPU reports it (fused_decode_runs_here).
 #define KEEL_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma")))
 #endif
 
@@ -92,8 +92,8 @@ std::uint32_t visible_lanes(const FusedDecodeCall& c, std::int64_t r, std::int64
   const std::int64_t first = std::max<std::int64_t>(c.lo[r] - j0, 0);
   const std::int64_t end = std::min<std::int64_t>(c.hi[r] - j0, nk);
   if (end <= first) return 0;
-  const std::uint32_t below_end = end >= 32 ? ~0U : (1U << end) - 1U;
-  return below_end & ~((1U << first) - 1U);
+  // end <= nk <= kBlockKeys (16): the shifts stay inside 32 bits.
+  return ((1U << end) - 1U) & ~((1U << first) - 1U);
 }
 
 // The running maximum of a row after a block whose highest score is `top`,
