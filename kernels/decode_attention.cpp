@@ -331,29 +331,26 @@ bool flash_serves(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 }
 
 // The most query rows per kv head of a contiguous cache that the fused
-// kernel takes. Beyond them keel's grouped products (GEMMs) compute faster
-// than its dot products: 32/1 (32 rows), B=8 Lk=8192 bfloat16, 8.8-9.0 ms
-// against 23.5-24.3 fused. On pages the products read through a tile the
-// kernel does not need, and it took 0.5-1.0 of their time there.
+// kernel takes. Beyond them keel's grouped products (GEMMs) compute as fast
+// or faster than its dot products: 32/1 (32 rows), B=8 Lk=8192, float32
+// 11.7 against 14.8 ms fused at one thread and 6.6 against 7.2 at two
+// (bfloat16 15.0 against 16.8 and 7.6 against 7.7). On pages the products
+// read through a tile the kernel does not need, and they took longer there.
 constexpr std::int64_t kFusedContiguousRows = 16;
 
 // Whether the fused kernel (fused_decode.h) serves this call's `rows`
 // queries, on this machine: float32 or bfloat16 q, k and v, no score
 // modifier, rows of adjacent elements in the cache, off the autograd graph;
-// and a paged cache (up to kFusedMaxRows rows per kv head), or a group of
-// query heads per kv head of a contiguous cache (up to kFusedContiguousRows)
-// at one intra-op thread. Measured against the previous routes, same
-// binary, libtorch 2.15.0 (docs/benchmarks.md):
-// - pages: 0.4-0.86 of the time at one thread, 0.4-0.63 at two;
-// - contiguous, one thread: bfloat16 32/8 B=8 Lk=8192 45-51 against 61-64
-//   ms, float32 the same;
-// - contiguous, two threads: slower (bfloat16 32/8 B=1 Lk=1024 0.64 against
-//   0.54 ms; B=8 Lk=8192 34 against 31): libtorch's kernels share its
-//   OpenMP threads, where the fused kernel's helpers come from the inter-op
-//   pool;
-// - one query head per kv head (32/32) of a contiguous cache: libtorch's
-//   flash kernel read bfloat16 faster (B=1 Lk=1024: 1.9-2.1 against 2.3-2.5
-//   ms; float32 the same).
+// and a paged cache (up to kFusedMaxRows rows per kv head), or up to
+// kFusedContiguousRows rows per kv head of a contiguous cache. Measured
+// against the other routes, same binary, libtorch 2.15.0, 1 and 2 threads
+// (docs/benchmarks.md, "The fused decode kernel, faster per thread"):
+// - pages, B=8 Lk=8192: 0.25-0.82 of the time of keel's products;
+// - contiguous 32/8, B=8 Lk=8192: 0.53-0.88 of the time of the routes it
+//   replaces (keel's products, the flash kernel);
+// - contiguous 32/32: 0.68-0.98 of the flash kernel's time at B=8; at B=1
+//   Lk=1024, 0.77-1.19 (under a millisecond: bfloat16 at two threads is the
+//   1.19).
 bool fused_serves(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const AttentionSpec& spec, std::int64_t group, std::int64_t rows, bool paged) {
   const at::ScalarType dtype = q.scalar_type();
@@ -361,9 +358,7 @@ bool fused_serves(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
   return (dtype == at::kFloat || dtype == at::kBFloat16) && k.scalar_type() == dtype &&
          v.scalar_type() == dtype && !grad && spec.softcap == 0 && !spec.alibi_slopes.defined() &&
-         !spec.bias.defined() &&
-         (paged ||
-          (group > 1 && group * rows <= kFusedContiguousRows && at::get_num_threads() == 1)) &&
+         !spec.bias.defined() && (paged || group * rows <= kFusedContiguousRows) &&
          group * rows <= kFusedMaxRows && k.stride(3) == 1 && v.stride(3) == 1 &&
          fused_decode_runs_here(q.size(3), v.size(3));
 }

@@ -9,8 +9,8 @@
 // matrix products where the flash kernel cannot serve (score modifiers,
 // Ev != E, float64, a paged cache, an lse that autograd must reach), or,
 // off the autograd graph where each query's keys are one interval, keel's
-// fused kernel (fused_decode.h: pages, and grouped-query heads at one
-// intra-op thread). The cache is never expanded or copied whole: keel's
+// fused kernel (fused_decode.h: pages, and up to 16 query rows per kv
+// head of a contiguous cache). The cache is never expanded or copied whole: keel's
 // products read a narrow (16-bit) cache or pages through a bounded tile,
 // the fused kernel reads rows where they lie. Differentiable through
 // autograd on a contiguous cache; every score modifier and mask kind.

@@ -3,24 +3,24 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <condition_variable>
-#include <exception>
+#include <cstring>
 #include <functional>
 #include <limits>
-#include <memory>
-#include <mutex>
 #include <stdexcept>
 #include <type_traits>
 #include <vector>
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/TensorIterator.h>
 #include <c10/util/BFloat16.h>
 
 #if defined(__x86_64__)
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC 12's AVX-512 intrinsics start their reductions and conversions from
-// _mm512_undefined_ps(), which its own -Wmaybe-uninitialized reports.
+// _mm512_undefined_ps(), which its own -W(maybe-)uninitialized reports.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include <immintrin.h>
 // The AVX-512 path is compiled for AVX-512 whatever the build's target, and
@@ -57,15 +57,14 @@ struct Task {
   float* l = nullptr;    // [M], the sum of exp(score - m)
 };
 
-// A thread's buffers: q's rows (scaled, float32), the block's keys and
-// values widened to float32 (16-bit caches), the block's scores.
+// A thread's buffers: q's rows (scaled, float32), the block's scores, and
+// a row of zeros that stands in for the keys past the end of a short block.
 struct Scratch {
-  std::vector<float> q, k, v, s;
+  std::vector<float> q, s, zeros;
   explicit Scratch(const FusedDecodeCall& c)
       : q(static_cast<std::size_t>(c.group * c.rows * c.head_dim)),
-        k(static_cast<std::size_t>(kBlockKeys * c.head_dim)),
-        v(static_cast<std::size_t>(kBlockKeys * c.value_dim)),
-        s(static_cast<std::size_t>(kFusedMaxRows * kBlockKeys)) {}
+        s(static_cast<std::size_t>(kFusedMaxRows * kBlockKeys)),
+        zeros(static_cast<std::size_t>(c.head_dim), 0.0F) {}
 };
 
 // q's rows of kv head h of sequence b, times the scale, as float32 [M, E].
@@ -103,8 +102,8 @@ struct Rescale {
   float alpha;
 };
 Rescale rescale(float m, float top) {
-  const float next = std::max(m, top);
-  return {next, m == kMinusInf ? 0.0F : std::exp(m - next)};
+  if (top <= m) return {m, 1.0F};
+  return {top, m == kMinusInf ? 0.0F : std::exp(m - top)};
 }
 
 // bfloat16 is the top half of a float32.
@@ -134,31 +133,44 @@ KEEL_AVX512 inline __m512 exp16(__m512 x) {
   return _mm512_maskz_mov_ps(static_cast<__mmask16>(~tiny), _mm512_scalef_ps(y, n));
 }
 
-// Row pointers of a block as float32: the cache's own rows, or (16-bit)
-// widened into `buf`, one row of `x` elements per key.
-template <typename T>
-KEEL_AVX512 void block_rows(const CacheRows& side, const Task& t, std::int64_t seq, std::int64_t j0,
-                            std::int64_t nk, std::int64_t x, float* buf, const float** out) {
-  for (std::int64_t u = 0; u < nk; ++u) {
-    const T* src = row_at<T>(side, seq, t.h, j0 + u);
-    if constexpr (std::is_same_v<T, float>) {
-      out[u] = src;
-    } else {
-      float* dst = buf + u * x;
-      for (std::int64_t e = 0; e < x; e += 16) _mm512_storeu_ps(dst + e, load16(src + e));
-      out[u] = dst;
-    }
+// 16 elements of a row as float32 (bfloat16 is the top half of a float32).
+KEEL_AVX512 inline __m512 load16(const float* p) {
+  return _mm512_loadu_ps(p);
+}
+
+// Lane u of the result is the sum of the lanes of v[u]: a tree of 15
+// shuffle-and-add steps, against 16 separate reductions.
+KEEL_AVX512 inline __m512 reduce16(const __m512* v) {
+  __m512 w[8];
+  for (std::int64_t i = 0; i < 8; ++i) {  // 256-bit halves: w[i] holds v[2i] and v[2i+1]
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
   }
+  __m512 z[4];
+  for (std::int64_t i = 0; i < 4; ++i) {  // 128-bit lane j of z[i]: four partial sums of v[4i + j]
+    z[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(z[0], z[1]), _mm512_unpackhi_ps(z[0], z[1]));
+  const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(z[2], z[3]), _mm512_unpackhi_ps(z[2], z[3]));
+  const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
+  // Lane 4j + i of sums holds v[4i + j].
+  return _mm512_permutexvar_ps(
+      _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0), sums);
 }
 
 // Query rows per step of the products: one load of a key (value) chunk
-// serves this many rows, whose sums are independent chains.
+// serves this many rows.
 constexpr std::int64_t kRowStep = 4;
+// Value chunks (of 16) per step of the weighted sum: kRowStep x this many
+// accumulators stay in registers while the block's value rows stream by.
+constexpr std::int64_t kChunkStep = 4;
 
-// Calls f(std::integral_constant<int, n>) for n = rows (1 .. kRowStep).
+// Calls f(std::integral_constant<int, n>) for n = min(count, 4) (count >= 1).
 template <typename F>
-void by_rows(std::int64_t rows, F&& f) {
-  switch (rows) {
+void by_count(std::int64_t count, F&& f) {
+  switch (count) {
     case 1:
       return f(std::integral_constant<int, 1>{});
     case 2:
@@ -170,57 +182,92 @@ void by_rows(std::int64_t rows, F&& f) {
   }
 }
 
-// Scores of R query rows (q, R x e_dim) against the block's nk keys, into
-// s (R rows of kBlockKeys).
-template <int R>
-KEEL_AVX512 void row_scores(const float* q, std::int64_t e_dim, const float* const* kf,
-                            std::int64_t nk, float* s) {
-  for (std::int64_t u = 0; u < nk; ++u) {
-    __m512 a[R];
-    for (int r = 0; r < R; ++r) a[r] = _mm512_setzero_ps();
+// Query rows per tree of row_scores: R rounded up to 1, 2 or 4.
+constexpr std::int64_t rows_per_tree(int rows) {
+  return rows == 3 ? 4 : rows;
+}
+
+// Scores of R query rows (q, R x e_dim) against the block's 16 key rows
+// (kr; rows past the block's end point at zeros), into s (R rows of
+// kBlockKeys): 16 / R keys at a time (R rounded up to 1, 2 or 4), whose
+// 16 dot products reduce in one tree.
+template <int R, typename T>
+KEEL_AVX512 void row_scores(const float* q, std::int64_t e_dim, const T* const* kr, float* s) {
+  constexpr std::int64_t kKeys = 16 / rows_per_tree(R);
+  for (std::int64_t u0 = 0; u0 < kBlockKeys; u0 += kKeys) {
+    __m512 a[16];  // a[kKeys * r + k]: row r, key u0 + k
+    for (__m512& x : a) x = _mm512_setzero_ps();
     for (std::int64_t e = 0; e < e_dim; e += 16) {
-      const __m512 kc = _mm512_loadu_ps(kf[u] + e);
-      for (int r = 0; r < R; ++r) {
-        a[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q + r * e_dim + e), kc, a[r]);
+      __m512 kc[kKeys];
+      for (std::int64_t k = 0; k < kKeys; ++k) kc[k] = load16(kr[u0 + k] + e);
+      for (std::int64_t r = 0; r < R; ++r) {
+        const __m512 qc = _mm512_loadu_ps(q + r * e_dim + e);
+        for (std::int64_t k = 0; k < kKeys; ++k) {
+          a[kKeys * r + k] = _mm512_fmadd_ps(qc, kc[k], a[kKeys * r + k]);
+        }
       }
     }
-    for (int r = 0; r < R; ++r) s[r * kBlockKeys + u] = _mm512_reduce_add_ps(a[r]);
+    alignas(64) float sums[16];  // lane kKeys * r + k: row r, key u0 + k
+    _mm512_store_ps(sums, reduce16(a));
+    for (std::int64_t r = 0; r < R; ++r) {
+      std::memcpy(s + r * kBlockKeys + u0, sums + kKeys * r, sizeof(float) * kKeys);
+    }
   }
 }
 
-// acc (R rows of ev_dim) += p (R rows of kBlockKeys weights) x the block's
-// nk value rows.
-template <int R>
-KEEL_AVX512 void row_values(const float* p, const float* const* vf, std::int64_t nk,
-                            std::int64_t ev_dim, float* acc) {
-  for (std::int64_t e = 0; e < ev_dim; e += 16) {
-    __m512 a[R];
-    for (int r = 0; r < R; ++r) a[r] = _mm512_loadu_ps(acc + r * ev_dim + e);
-    for (std::int64_t u = 0; u < nk; ++u) {
-      const __m512 vc = _mm512_loadu_ps(vf[u] + e);
-      for (int r = 0; r < R; ++r) {
-        a[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[r * kBlockKeys + u]), vc, a[r]);
-      }
-    }
-    for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + r * ev_dim + e, a[r]);
-  }
-}
-
-// Asks for the rows of the block at j0 (its keys and values), a block ahead
-// of their use: a block's rows are 16 short runs (a page each, in a paged
-// cache), which the hardware prefetcher alone leaves waiting on memory.
+// The next block's rows, asked for a few lines at a time while this block's
+// values are summed.
 template <typename T>
-KEEL_AVX512 void prefetch_block(const FusedDecodeCall& c, const Task& t, std::int64_t j0) {
-  const std::int64_t nk = std::min(kBlockKeys, t.hi - j0);
-  const auto lines = [](const T* row, std::int64_t x) {
-    const char* bytes = reinterpret_cast<const char*>(row);
-    for (std::int64_t off = 0; off < x * static_cast<std::int64_t>(sizeof(T)); off += 64) {
-      _mm_prefetch(bytes + off, _MM_HINT_T0);
-    }
-  };
+struct Ahead {
+  const T* k[kBlockKeys];
+  const T* v[kBlockKeys];
+  std::int64_t n = 0;  // rows in the next block
+  std::int64_t e_dim = 0;
+};
+
+// Asks for the cache lines of row[from, to).
+template <typename T>
+KEEL_AVX512 inline void prefetch_lines(const T* row, std::int64_t from, std::int64_t to) {
+  const char* bytes = reinterpret_cast<const char*>(row);
+  for (std::int64_t off = from * static_cast<std::int64_t>(sizeof(T));
+       off < to * static_cast<std::int64_t>(sizeof(T)); off += 64) {
+    _mm_prefetch(bytes + off, _MM_HINT_T0);
+  }
+}
+
+// acc (R rows of ev_dim, columns [e0, e0 + 16 C)) += p (R rows of
+// kBlockKeys weights) x the block's nk value rows: R x C accumulators in
+// registers, each value chunk loaded once for the R rows. `ahead`, where
+// given, asks for the next block's key and value rows meanwhile, a few
+// lines per row, so that the reads are spread over the block's arithmetic
+// (all at once, they stall it).
+template <int R, int C, typename T>
+KEEL_AVX512 void row_values(const float* p, const T* const* vr, std::int64_t nk,
+                            std::int64_t ev_dim, std::int64_t e0, float* acc,
+                            const Ahead<T>* ahead) {
+  __m512 a[R * C];
+  for (std::int64_t r = 0; r < R; ++r) {
+    for (std::int64_t ch = 0; ch < C; ++ch)
+      a[r * C + ch] = _mm512_loadu_ps(acc + r * ev_dim + e0 + 16 * ch);
+  }
   for (std::int64_t u = 0; u < nk; ++u) {
-    lines(row_at<T>(c.k, c.c0 + t.b, t.h, j0 + u), c.head_dim);
-    lines(row_at<T>(c.v, c.c0 + t.b, t.h, j0 + u), c.value_dim);
+    if (ahead != nullptr && u < ahead->n) {
+      // Key row u whole (with the first columns of the values), then value
+      // row u's columns of this step.
+      if (e0 == 0) prefetch_lines(ahead->k[u], 0, ahead->e_dim);
+      prefetch_lines(ahead->v[u], e0, e0 + std::int64_t{16} * C);
+    }
+    __m512 vc[C];
+    for (std::int64_t ch = 0; ch < C; ++ch) vc[ch] = load16(vr[u] + e0 + 16 * ch);
+    for (std::int64_t r = 0; r < R; ++r) {
+      const __m512 w = _mm512_set1_ps(p[r * kBlockKeys + u]);
+      for (std::int64_t ch = 0; ch < C; ++ch)
+        a[r * C + ch] = _mm512_fmadd_ps(w, vc[ch], a[r * C + ch]);
+    }
+  }
+  for (std::int64_t r = 0; r < R; ++r) {
+    for (std::int64_t ch = 0; ch < C; ++ch)
+      _mm512_storeu_ps(acc + r * ev_dim + e0 + 16 * ch, a[r * C + ch]);
   }
 }
 
@@ -229,21 +276,31 @@ KEEL_AVX512 void task_avx512(const FusedDecodeCall& c, const Task& t, Scratch& s
   const std::int64_t rows_m = c.group * c.rows;
   const std::int64_t e_dim = c.head_dim;
   const std::int64_t ev_dim = c.value_dim;
+  const std::int64_t seq = c.c0 + t.b;
   load_queries<T>(c, t.b, t.h, sc.q.data());
-  const float* kf[kBlockKeys];
-  const float* vf[kBlockKeys];
+  const T* zeros = reinterpret_cast<const T*>(sc.zeros.data());
+  const T* kr[kBlockKeys];
+  const T* vr[kBlockKeys];
+  Ahead<T> ahead;
+  ahead.e_dim = e_dim;
   float* s = sc.s.data();
   const __m512 minus_inf = _mm512_set1_ps(kMinusInf);
   for (std::int64_t j0 = t.lo; j0 < t.hi; j0 += kBlockKeys) {
     const std::int64_t nk = std::min(kBlockKeys, t.hi - j0);
-    if (j0 + kBlockKeys < t.hi) prefetch_block<T>(c, t, j0 + kBlockKeys);
-    block_rows<T>(c.k, t, c.c0 + t.b, j0, nk, e_dim, sc.k.data(), kf);
-    block_rows<T>(c.v, t, c.c0 + t.b, j0, nk, ev_dim, sc.v.data(), vf);
+    for (std::int64_t u = 0; u < kBlockKeys; ++u) {
+      kr[u] = u < nk ? row_at<T>(c.k, seq, t.h, j0 + u) : zeros;
+      vr[u] = u < nk ? row_at<T>(c.v, seq, t.h, j0 + u) : zeros;
+    }
+    ahead.n = std::clamp<std::int64_t>(t.hi - j0 - kBlockKeys, 0, kBlockKeys);
+    for (std::int64_t u = 0; u < ahead.n; ++u) {
+      ahead.k[u] = row_at<T>(c.k, seq, t.h, j0 + kBlockKeys + u);
+      ahead.v[u] = row_at<T>(c.v, seq, t.h, j0 + kBlockKeys + u);
+    }
     // Scores: every row against every key of the block, four rows at a time.
     for (std::int64_t i = 0; i < rows_m; i += kRowStep) {
-      by_rows(std::min(kRowStep, rows_m - i), [&](auto rows) {
-        row_scores<decltype(rows)::value>(sc.q.data() + i * e_dim, e_dim, kf, nk,
-                                          s + i * kBlockKeys);
+      by_count(rows_m - i, [&](auto rows) {
+        row_scores<decltype(rows)::value, T>(sc.q.data() + i * e_dim, e_dim, kr,
+                                             s + i * kBlockKeys);
       });
     }
     // Online softmax, a row at a time: s becomes the row's weights.
@@ -268,11 +325,18 @@ KEEL_AVX512 void task_avx512(const FusedDecodeCall& c, const Task& t, Scratch& s
       }
     }
     // Values: each row's weights times the block's value rows, four rows
-    // at a time.
+    // by four chunks of 16 columns at a time; the first rows' pass asks for
+    // the next block's rows.
     for (std::int64_t i = 0; i < rows_m; i += kRowStep) {
-      by_rows(std::min(kRowStep, rows_m - i), [&](auto rows) {
-        row_values<decltype(rows)::value>(s + i * kBlockKeys, vf, nk, ev_dim, t.acc + i * ev_dim);
-      });
+      for (std::int64_t e0 = 0; e0 < ev_dim; e0 += 16 * kChunkStep) {
+        by_count(rows_m - i, [&](auto rows) {
+          by_count((ev_dim - e0) / 16, [&](auto chunks) {
+            row_values<decltype(rows)::value, decltype(chunks)::value, T>(
+                s + i * kBlockKeys, vr, nk, ev_dim, e0, t.acc + i * ev_dim,
+                i == 0 ? &ahead : nullptr);
+          });
+        });
+      }
     }
   }
 }
@@ -283,7 +347,7 @@ std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
   return (a + b - 1) / b;
 }
 
-// Tasks [0, total), claimed one at a time by whoever runs them.
+// Tasks [0, total), handed out one at a time to whichever thread asks.
 class TaskQueue {
  public:
   explicit TaskQueue(std::int64_t total) : total_(total) {}
@@ -292,66 +356,47 @@ class TaskQueue {
     const std::int64_t t = next_.fetch_add(1);
     return t < total_ ? t : -1;
   }
-  void done_one() {
-    if (done_.fetch_add(1) + 1 == total_) {
-      const std::lock_guard<std::mutex> lock(mu_);
-      all_done_.notify_all();
-    }
-  }
-  void fail(std::exception_ptr e) {
-    const std::lock_guard<std::mutex> lock(mu_);
-    if (!error_) error_ = std::move(e);
-  }
-  // Returns once every task is done (each claimed one is running on a
-  // thread that is finishing it); rethrows the first task's exception.
-  void wait_all() {
-    std::unique_lock<std::mutex> lock(mu_);
-    all_done_.wait(lock, [&] { return done_.load() == total_; });
-    if (error_) std::rethrow_exception(error_);
-  }
 
  private:
   const std::int64_t total_;
   std::atomic<std::int64_t> next_{0};
-  std::atomic<std::int64_t> done_{0};
-  std::mutex mu_;
-  std::condition_variable all_done_;
-  std::exception_ptr error_;
 };
 
-// Runs `body(first, queue)` on the calling thread and on up to
-// at::get_num_threads() - 1 helpers from ATen's inter-op pool, each from
-// the first task it claimed; body claims the rest and marks each done.
+// Runs worker(queue) on the calling thread and on up to
+// at::get_num_threads() - 1 more of libtorch's intra-op threads; each
+// worker claims tasks until none is left (ragged sequences make tasks of
+// different lengths). Returns when every worker has returned, and rethrows
+// the first exception one threw.
 //
-// Not at::parallel_for: in libtorch's OpenMP builds that is an inline
-// template whose `omp parallel` runs in parallel only in a translation unit
-// compiled with -fopenmp (keel's ran on one thread), and a second OpenMP
-// runtime beside libtorch's is worse. The caller never waits for a helper
-// to start: it claims what is left itself, then waits for the tasks
-// helpers claimed, which are running. A helper that starts late claims
-// nothing and returns without touching the call's state.
-void run_tasks(std::int64_t total, const std::function<void(std::int64_t, TaskQueue&)>& body) {
-  const auto queue = std::make_shared<TaskQueue>(total);
-  const auto participate = [&body](TaskQueue& q) {
-    const std::int64_t first = q.claim();
-    if (first < 0) return;
-    try {
-      body(first, q);
-    } catch (...) {
-      // Only an allocation can throw; the tasks left are marked done so
-      // that the wait ends, and the caller rethrows.
-      q.fail(std::current_exception());
-      for (std::int64_t t = q.claim(); t >= 0; t = q.claim()) q.done_one();
-      q.done_one();
-    }
-  };
-  const std::int64_t helpers =
-      at::in_parallel_region() ? 0 : std::min<std::int64_t>(at::get_num_threads(), total) - 1;
-  for (std::int64_t h = 0; h < helpers; ++h) {
-    at::launch([queue, participate] { participate(*queue); });
+// The threads are libtorch's own OpenMP team, reached through
+// TensorIterator::for_each, which is compiled into libtorch: keel's
+// at::parallel_for would run on one thread, since in libtorch's OpenMP
+// builds it is an inline template whose `omp parallel` runs in parallel only
+// in a translation unit compiled with -fopenmp. Helpers from ATen's
+// inter-op pool lost to libtorch's kernels at two threads: they competed
+// for the core with the OpenMP worker that libtorch's last parallel op left
+// spinning. Inside a parallel region, the caller runs every task itself.
+void run_tasks(std::int64_t total, const std::function<void(TaskQueue&)>& worker) {
+  TaskQueue queue(total);
+  const std::int64_t threads =
+      at::in_parallel_region() ? 1 : std::min<std::int64_t>(at::get_num_threads(), total);
+  if (threads <= 1) {
+    worker(queue);
+    return;
   }
-  participate(*queue);
-  queue->wait_all();
+  // One element per thread, grain 1: for_each's parallel_for hands each
+  // thread of the team one element, whose loop runs a worker.
+  const at::Tensor one_per_thread = at::empty({threads}, at::kByte);
+  at::TensorIterator seats = at::TensorIteratorConfig()
+                                 .add_output(one_per_thread)
+                                 .resize_outputs(false)
+                                 .check_all_same_dtype(false)
+                                 .build();
+  seats.for_each(
+      [&](char** /*data*/, const std::int64_t* /*strides*/, std::int64_t n, std::int64_t m) {
+        for (std::int64_t i = 0; i < n * m; ++i) worker(queue);
+      },
+      1);
 }
 
 }  // namespace
@@ -398,9 +443,9 @@ void fused_decode(const FusedDecodeCall& c) {
   std::vector<float> m(static_cast<std::size_t>(heads * runs * rows_m), kMinusInf);
   std::vector<float> l(static_cast<std::size_t>(heads * runs * rows_m), 0.0F);
   if (len > 0) {
-    run_tasks(heads * runs, [&](std::int64_t first, TaskQueue& queue) {
+    run_tasks(heads * runs, [&](TaskQueue& queue) {
       Scratch sc(c);
-      for (std::int64_t task = first; task >= 0; task = queue.claim()) {
+      for (std::int64_t task = queue.claim(); task >= 0; task = queue.claim()) {
         const std::int64_t head = task / runs;
         const std::int64_t run = task % runs;
         Task t;
@@ -418,7 +463,6 @@ void fused_decode(const FusedDecodeCall& c) {
           task_avx512<c10::BFloat16>(c, t, sc);
         }
 #endif
-        queue.done_one();
       }
     });
   }
