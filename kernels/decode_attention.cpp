@@ -330,21 +330,23 @@ bool flash_serves(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
          v.size(3) == q.size(3) && q.scalar_type() != at::kDouble && !lse_on_graph && !empty;
 }
 
-// The most query rows per kv head of a contiguous cache that the fused
-// kernel takes. Beyond them keel's grouped products (GEMMs) compute as fast
-// or faster than its dot products: 32/1 (32 rows), B=8 Lk=8192, float32
-// 11.7 against 14.8 ms fused at one thread and 6.6 against 7.2 at two
-// (bfloat16 15.0 against 16.8 and 7.6 against 7.7). On pages the products
-// read through a tile the kernel does not need, and they took longer there.
-constexpr std::int64_t kFusedContiguousRows = 16;
+// The most query rows per kv head of a float32 contiguous cache that the
+// fused kernel takes. Beyond them keel's grouped products (GEMMs) compute as
+// fast or faster than its dot products: 32/1 (32 rows), B=8 Lk=8192, float32
+// 12.1 against 15.5 ms fused at one thread and 7.0 against 9.5 at two. In
+// bfloat16 the products are the slower ones (libtorch's bfloat16 GEMM), so a
+// bfloat16 cache takes the fused kernel up to kFusedMaxRows: 32/1, same run,
+// 15.4 against 17.5 ms at one thread, 7.9 against 8.8 at two, and a
+// 513-key window at B=1 Lk=32768 0.21 against 0.29 and 0.13 against 0.21.
+constexpr std::int64_t kFusedContiguousRowsF32 = 16;
 
 // Whether the fused kernel (fused_decode.h) serves this call's `rows`
 // queries, on this machine: float32 or bfloat16 q, k and v, no score
 // modifier, rows of adjacent elements in the cache, off the autograd graph;
-// and a paged cache (up to kFusedMaxRows rows per kv head), or up to
-// kFusedContiguousRows rows per kv head of a contiguous cache. Measured
-// against the other routes, same binary, libtorch 2.15.0, 1 and 2 threads
-// (docs/benchmarks.md, "The fused decode kernel, faster per thread"):
+// and up to kFusedMaxRows rows per kv head, or kFusedContiguousRowsF32 for
+// a float32 contiguous cache. Measured against the other routes, same
+// binary, libtorch 2.15.0, 1 and 2 threads (docs/benchmarks.md, "The fused
+// decode kernel, faster per thread"):
 // - pages, B=8 Lk=8192: 0.25-0.82 of the time of keel's products;
 // - contiguous 32/8, B=8 Lk=8192: 0.53-0.88 of the time of the routes it
 //   replaces (keel's products, the flash kernel);
@@ -358,7 +360,8 @@ bool fused_serves(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
   return (dtype == at::kFloat || dtype == at::kBFloat16) && k.scalar_type() == dtype &&
          v.scalar_type() == dtype && !grad && spec.softcap == 0 && !spec.alibi_slopes.defined() &&
-         !spec.bias.defined() && (paged || group * rows <= kFusedContiguousRows) &&
+         !spec.bias.defined() &&
+         (paged || dtype == at::kBFloat16 || group * rows <= kFusedContiguousRowsF32) &&
          group * rows <= kFusedMaxRows && k.stride(3) == 1 && v.stride(3) == 1 &&
          fused_decode_runs_here(q.size(3), v.size(3));
 }

@@ -742,6 +742,13 @@ const std::vector<DecodeCase>& decode_cases() {
        [](const Shape&) { return with_masks({Mask::causal(CausalAlignment::bottom_right)}); }},
       {"gqa8_2_lq3_fused_bf16_ev_ne_e", decode_shape(2, 8, 2, 3, 1500, 64, 32), at::kBFloat16,
        [](const Shape&) { return with_masks({Mask::causal(CausalAlignment::bottom_right)}); }},
+      // Multi-query bfloat16: 32 rows over one kv head, the fused kernel's
+      // most, and a sequence of 17 keys (one full block and one key).
+      {"gqa32_1_lq1_fused_bf16_32_rows", decode_shape(2, 32, 1, 1, 1800, 128, 128), at::kBFloat16,
+       [](const Shape&) {
+         return with_masks({Mask::causal(CausalAlignment::bottom_right),
+                            Mask::key_padding(at::tensor({1800, 17}, at::kLong))});
+       }},
       // Chunked prefill (Lq < Lk): the flash kernel, masked over the visible keys.
       {"gqa32_8_lq128_prefill_window", decode_shape(2, 32, 8, 128, 1500, 128, 128), at::kFloat,
        [](const Shape&) {
