@@ -282,21 +282,27 @@ KEEL_AVX512 void task_avx512(const FusedDecodeCall& c, const Task& t, Scratch& s
   const T* zeros = reinterpret_cast<const T*>(sc.zeros.data());
   const T* kr[kBlockKeys];
   const T* vr[kBlockKeys];
+  // The rows of the block at j: each block's rows are found once, as the
+  // block ahead of the one before it.
   Ahead<T> ahead;
   ahead.e_dim = e_dim;
+  const auto find_rows = [&](std::int64_t j) {
+    ahead.n = std::clamp<std::int64_t>(t.hi - j, 0, kBlockKeys);
+    for (std::int64_t u = 0; u < ahead.n; ++u) {
+      ahead.k[u] = row_at<T>(c.k, seq, t.h, j + u);
+      ahead.v[u] = row_at<T>(c.v, seq, t.h, j + u);
+    }
+  };
+  find_rows(t.lo);
   float* s = sc.s.data();
   const __m512 minus_inf = _mm512_set1_ps(kMinusInf);
   for (std::int64_t j0 = t.lo; j0 < t.hi; j0 += kBlockKeys) {
-    const std::int64_t nk = std::min(kBlockKeys, t.hi - j0);
+    const std::int64_t nk = ahead.n;
     for (std::int64_t u = 0; u < kBlockKeys; ++u) {
-      kr[u] = u < nk ? row_at<T>(c.k, seq, t.h, j0 + u) : zeros;
-      vr[u] = u < nk ? row_at<T>(c.v, seq, t.h, j0 + u) : zeros;
+      kr[u] = u < nk ? ahead.k[u] : zeros;
+      vr[u] = u < nk ? ahead.v[u] : zeros;
     }
-    ahead.n = std::clamp<std::int64_t>(t.hi - j0 - kBlockKeys, 0, kBlockKeys);
-    for (std::int64_t u = 0; u < ahead.n; ++u) {
-      ahead.k[u] = row_at<T>(c.k, seq, t.h, j0 + kBlockKeys + u);
-      ahead.v[u] = row_at<T>(c.v, seq, t.h, j0 + kBlockKeys + u);
-    }
+    find_rows(j0 + kBlockKeys);
     // Scores: every row against every key of the block, four rows at a time.
     for (std::int64_t i = 0; i < rows_m; i += kRowStep) {
       by_count(rows_m - i, [&](auto rows) {

@@ -3,10 +3,11 @@
 // pass per (sequence, kv head, run of keys): the scores of a block of 16
 // keys for every query row of the group, an online softmax, and the value
 // rows weighted into an accumulator that stays in the core's cache; runs of
-// keys merge by log-sum-exp. No ATen op runs inside it (no dispatch, no
-// intermediate tensor), which is what a decode step's cost is made of when
-// the cache is small, and its reads are the cache's bytes, which is the
-// cost when the cache is long.
+// keys merge by log-sum-exp. No ATen op runs in its arithmetic (no
+// dispatch, no intermediate tensor; at two or more threads, one tensor of a
+// byte per thread seats the workers on libtorch's team), which is what a
+// decode step's cost is made of when the cache is small, and its reads are the cache's bytes, which
+// is the cost when the cache is long.
 //
 // What it serves (decode_attention's caller checks): float32 or bfloat16
 // q, k and v; no score modifier; every row's visible keys one interval; at
