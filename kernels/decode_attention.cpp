@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -87,15 +88,69 @@ struct KeyRange {
   std::int64_t inner_hi = 0;
 };
 
+// One document term of one sequence, read once per call: its queries' ids,
+// and the runs of equal ids among its keys (run i is keys [starts[i],
+// starts[i + 1]), of id ids[i]), so that a query's document is looked up
+// among the runs, not found by a scan of the keys.
+struct DocumentRuns {
+  std::vector<std::int64_t> q_ids;
+  std::vector<std::int64_t> ids;
+  std::vector<std::int64_t> starts;  // one more than ids: the last is Lk
+
+  // The keys of document d as [lo, hi) (lo == hi when no key has it); no
+  // value when they are not one interval (d has two runs or more).
+  std::optional<std::pair<std::int64_t, std::int64_t>> keys_of(std::int64_t d) const {
+    std::pair<std::int64_t, std::int64_t> span{0, 0};
+    bool seen = false;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] != d) continue;
+      if (seen) return std::nullopt;
+      seen = true;
+      span = {starts[i], starts[i + 1]};
+    }
+    return span;
+  }
+};
+
+// The document terms of `spec`, in the order of its masks, for a spec of one
+// sequence (ids of batch 1). None when the spec holds more sequences (their
+// document terms then take the block classifier).
+std::vector<DocumentRuns> document_runs(const AttentionSpec& spec, std::int64_t sequences) {
+  std::vector<DocumentRuns> runs;
+  if (sequences != 1) return runs;
+  for (const Mask& m : spec.masks) {
+    if (m.kind != MaskKind::document) continue;
+    DocumentRuns d;
+    const at::Tensor q = m.q_document_ids.to(at::kLong).contiguous();
+    const at::Tensor kv = m.kv_document_ids.to(at::kLong).contiguous();
+    const std::int64_t* qp = q.data_ptr<std::int64_t>();
+    d.q_ids.assign(qp, qp + q.numel());
+    const std::int64_t* kp = kv.data_ptr<std::int64_t>();
+    const std::int64_t n = kv.numel();
+    for (std::int64_t j = 0; j < n; ++j) {
+      if (j == 0 || kp[j] != kp[j - 1]) {
+        d.ids.push_back(kp[j]);
+        d.starts.push_back(j);
+      }
+    }
+    d.starts.push_back(n);
+    runs.push_back(std::move(d));
+  }
+  return runs;
+}
+
 // The range from the mask spec's own arithmetic, for terms whose visible keys
-// are an interval per query (causal, sliding window, key padding) combined
-// with all_of: exact, so that a single query (Lq = 1) never needs a mask.
-// Empty (no value) when another term or any_of needs the block classifier.
-// Over queries [q0, q0 + rows).
+// are an interval per query (causal, sliding window, key padding, and a
+// document whose keys are one run of `docs`) combined with all_of: exact, so
+// that a single query (Lq = 1) never needs a mask. Empty (no value) when
+// another term or any_of needs the block classifier. Over queries [q0, q0 +
+// rows).
 std::optional<KeyRange> interval_range(const AttentionSpec& spec, const MaskGeometry& g,
-                                       std::int64_t q0, std::int64_t rows) {
+                                       std::int64_t q0, std::int64_t rows,
+                                       const std::vector<DocumentRuns>& docs) {
   if (spec.combine != MaskCombine::all_of && spec.masks.size() > 1) return std::nullopt;
   KeyRange r{0, g.kv_len, true, 0, g.kv_len};
+  std::size_t doc = 0;
   for (const Mask& m : spec.masks) {
     const std::int64_t p0 = query_offset(m.alignment, g) + q0;  // first query's position
     const std::int64_t p1 = p0 + rows - 1;                      // last query's position
@@ -117,6 +172,30 @@ std::optional<KeyRange> interval_range(const AttentionSpec& spec, const MaskGeom
         const auto len = m.kv_lengths.item<std::int64_t>();
         r.hi = std::min(r.hi, len);
         r.inner_hi = std::min(r.inner_hi, len);
+        break;
+      }
+      case MaskKind::document: {
+        if (doc >= docs.size()) return std::nullopt;
+        const DocumentRuns& d = docs[doc++];
+        // The hull of the rows' documents, and the keys all of them share.
+        std::int64_t hull_lo = g.kv_len, hull_hi = 0, common_lo = 0, common_hi = g.kv_len;
+        std::optional<std::pair<std::int64_t, std::int64_t>> keys;
+        for (std::int64_t i = q0; i < q0 + rows; ++i) {
+          const std::int64_t id = d.q_ids[static_cast<std::size_t>(i)];
+          if (i == q0 || id != d.q_ids[static_cast<std::size_t>(i - 1)]) keys = d.keys_of(id);
+          if (!keys) return std::nullopt;
+          common_lo = std::max(common_lo, keys->first);
+          common_hi = std::min(common_hi, keys->second);
+          if (keys->first == keys->second) continue;
+          hull_lo = std::min(hull_lo, keys->first);
+          hull_hi = std::max(hull_hi, keys->second);
+        }
+        if (hull_hi <= hull_lo) return KeyRange{};
+        r.full = r.full && common_lo == hull_lo && common_hi == hull_hi;
+        r.lo = std::max(r.lo, hull_lo);
+        r.hi = std::min(r.hi, hull_hi);
+        r.inner_lo = std::max(r.inner_lo, common_lo);
+        r.inner_hi = std::min(r.inner_hi, common_hi);
         break;
       }
       default:
@@ -339,31 +418,44 @@ bool flash_serves(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 // 15.4 against 17.5 ms at one thread, 7.9 against 8.8 at two, and a
 // 513-key window at B=1 Lk=32768 0.21 against 0.29 and 0.13 against 0.21.
 constexpr std::int64_t kFusedContiguousRowsF32 = 16;
+// Up to this many visible keys in one call (summed over the sequences that
+// share them), a float32 contiguous cache takes the fused kernel past
+// kFusedContiguousRowsF32 rows all the same: over so few keys, the GEMMs'
+// fixed cost is most of their time. 32/1 float32, same binary, one thread,
+// ms fused / GEMMs: a 513-key window at B=1 0.15 / 0.17-0.19, the 192 keys
+// of a document at B=8 (a call per sequence) 0.66-0.69 / 0.74-0.79, 1024
+// keys at B=1 0.30 / 0.31-0.36; a 513-key window at B=8 (one call of 4104
+// keys) 0.94-0.97 / 0.80-0.88, 8192 keys at B=1 1.82-1.90 / 1.50.
+constexpr std::int64_t kFusedShortKeysF32 = 1024;
 
-// Whether the fused kernel (fused_decode.h) serves this call's `rows`
-// queries, on this machine: float32 or bfloat16 q, k and v, no score
-// modifier, rows of adjacent elements in the cache, off the autograd graph;
-// and up to kFusedMaxRows rows per kv head, or kFusedContiguousRowsF32 for
-// a float32 contiguous cache. Measured against the other routes, same
-// binary, libtorch 2.15.0, 1 and 2 threads (docs/benchmarks.md, "The fused
-// decode kernel, faster per thread"):
+// The most visible keys of one call (over its sequences) for which the fused
+// kernel (fused_decode.h) serves the call's `rows` queries on this machine,
+// 0 when it serves none: float32 or bfloat16 q, k and v, no score modifier,
+// rows of adjacent elements in the cache, off the autograd graph, and up to
+// kFusedMaxRows rows per kv head; a float32 contiguous cache past
+// kFusedContiguousRowsF32 rows only over kFusedShortKeysF32 keys. Measured
+// against the other routes, same binary, libtorch 2.15.0, 1 and 2 threads
+// (docs/benchmarks.md, "The fused decode kernel, faster per thread"):
 // - pages, B=8 Lk=8192: 0.25-0.82 of the time of keel's products;
 // - contiguous 32/8, B=8 Lk=8192: 0.53-0.88 of the time of the routes it
 //   replaces (keel's products, the flash kernel);
 // - contiguous 32/32: 0.68-0.98 of the flash kernel's time at B=8; at B=1
 //   Lk=1024, 0.77-1.19 (under a millisecond: bfloat16 at two threads is the
 //   1.19).
-bool fused_serves(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                  const AttentionSpec& spec, std::int64_t group, std::int64_t rows, bool paged) {
+std::int64_t fused_keys(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                        const AttentionSpec& spec, std::int64_t group, std::int64_t rows,
+                        bool paged) {
   const at::ScalarType dtype = q.scalar_type();
   const bool grad =
       at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-  return (dtype == at::kFloat || dtype == at::kBFloat16) && k.scalar_type() == dtype &&
-         v.scalar_type() == dtype && !grad && spec.softcap == 0 && !spec.alibi_slopes.defined() &&
-         !spec.bias.defined() &&
-         (paged || dtype == at::kBFloat16 || group * rows <= kFusedContiguousRowsF32) &&
-         group * rows <= kFusedMaxRows && k.stride(3) == 1 && v.stride(3) == 1 &&
-         fused_decode_runs_here(q.size(3), v.size(3));
+  const bool serves = (dtype == at::kFloat || dtype == at::kBFloat16) && k.scalar_type() == dtype &&
+                      v.scalar_type() == dtype && !grad && spec.softcap == 0 &&
+                      !spec.alibi_slopes.defined() && !spec.bias.defined() &&
+                      group * rows <= kFusedMaxRows && k.stride(3) == 1 && v.stride(3) == 1 &&
+                      fused_decode_runs_here(q.size(3), v.size(3));
+  if (!serves) return 0;
+  const bool gemms_faster = !paged && dtype == at::kFloat && group * rows > kFusedContiguousRowsF32;
+  return gemms_faster ? kFusedShortKeysF32 : std::numeric_limits<std::int64_t>::max();
 }
 
 }  // namespace
@@ -421,17 +513,21 @@ class Attend {
                  std::int64_t c0, std::int64_t kv_len, const AttentionSpec& sb) {
     const MaskGeometry g{nb, q_heads_, q_len_, kv_len};
     // The fused kernel takes every query at once; a block it cannot take
-    // (a mask that is not an interval per query) goes to the other routes.
-    const bool fused = fused_serves(q_, k.t, v.t, sb, group_, q_len_, k.pages != nullptr);
+    // (a mask that is not an interval per query, more keys than fused_keys
+    // allows) goes to the other routes.
+    const std::int64_t fused_keys_most =
+        fused_keys(q_, k.t, v.t, sb, group_, q_len_, k.pages != nullptr);
+    const bool fused = fused_keys_most > 0;
     const bool flash = k.pages == nullptr && flash_serves(q_, k.t, v.t, sb);
     const std::int64_t block_rows = fused ? q_len_ : (flash ? kFlashQueryRows : kDecodeMaxQueries);
     blocks_ = std::max(blocks_, block_count(q_len_, block_rows));
     BlockClasses classes;
     std::vector<at::Tensor> outs;
     std::vector<at::Tensor> lses;
+    const std::vector<DocumentRuns> docs = document_runs(sb, nb);
     for (std::int64_t q0 = 0; q0 < q_len_; q0 += block_rows) {
       const std::int64_t rows = std::min(block_rows, q_len_ - q0);
-      std::optional<KeyRange> range = interval_range(sb, g, q0, rows);
+      std::optional<KeyRange> range = interval_range(sb, g, q0, rows, docs);
       if (!range) {
         if (!classes.visible.defined()) {
           classes = classify_blocks(sb, g, at::kCPU, block_rows, kKeyBlock);
@@ -441,7 +537,8 @@ class Attend {
       std::vector<std::int64_t> lo, hi;
       if (range->hi <= range->lo) {
         nothing_visible(nb, rows, outs, lses);
-      } else if (fused && row_intervals(sb, g, q0, rows, *range, lo, hi)) {
+      } else if (fused && nb * (range->hi - range->lo) <= fused_keys_most &&
+                 row_intervals(sb, g, q0, rows, docs, *range, lo, hi)) {
         fused_block(b0, nb, q0, rows, k, v, c0, lo, hi, outs, lses);
       } else if (flash) {
         flash_block(b0, nb, q0, rows, k.t, v.t, c0, g, *range, sb, outs, lses);
@@ -467,15 +564,16 @@ class Attend {
   // Each query's visible keys as one interval, [lo[r], hi[r]) for query q0 +
   // r: the block's range when every query sees all of it, else each query's
   // own interval from the mask's arithmetic. False when a query's keys are
-  // not one interval (documents, a boolean mask, any_of).
+  // not one interval (a document in pieces, a boolean mask, any_of).
   static bool row_intervals(const AttentionSpec& sb, const MaskGeometry& g, std::int64_t q0,
-                            std::int64_t rows, const KeyRange& range, std::vector<std::int64_t>& lo,
+                            std::int64_t rows, const std::vector<DocumentRuns>& docs,
+                            const KeyRange& range, std::vector<std::int64_t>& lo,
                             std::vector<std::int64_t>& hi) {
     lo.assign(static_cast<std::size_t>(rows), range.lo);
     hi.assign(static_cast<std::size_t>(rows), range.hi);
     if (range.full) return true;
     for (std::int64_t r = 0; r < rows; ++r) {
-      const std::optional<KeyRange> own = interval_range(sb, g, q0 + r, 1);
+      const std::optional<KeyRange> own = interval_range(sb, g, q0 + r, 1, docs);
       if (!own || !own->full) return false;
       lo[static_cast<std::size_t>(r)] = own->lo;
       hi[static_cast<std::size_t>(r)] = own->hi;

@@ -8,13 +8,14 @@
 // (masked there when not every query sees every key), or for keel's own
 // matrix products where the flash kernel cannot serve (score modifiers,
 // Ev != E, float64, a paged cache, an lse that autograd must reach), or,
-// off the autograd graph where each query's keys are one interval, keel's
-// fused kernel (fused_decode.h: pages, and up to 16 query rows per kv
-// head of a float32 contiguous cache, 32 of a bfloat16 one). The cache is
-// never expanded or copied whole: keel's products read a narrow (16-bit)
-// cache or pages through a bounded tile, the fused kernel reads rows where
-// they lie. Differentiable through autograd on a contiguous cache; every
-// score modifier and mask kind.
+// off the autograd graph where each query's keys are one interval (a
+// document's too, when its keys are one run of equal ids), keel's fused
+// kernel (fused_decode.h: pages, and up to 16 query rows per kv head of a
+// float32 contiguous cache, or 32 over at most 1024 keys; 32 of a bfloat16
+// one). The cache is never expanded or copied whole: keel's products read a
+// narrow (16-bit) cache or pages through a bounded tile, the fused kernel
+// reads rows where they lie. Differentiable through autograd on a
+// contiguous cache; every score modifier and mask kind.
 #pragma once
 
 #include <cstdint>

@@ -749,6 +749,36 @@ const std::vector<DecodeCase>& decode_cases() {
          return with_masks({Mask::causal(CausalAlignment::bottom_right),
                             Mask::key_padding(at::tensor({1800, 17}, at::kLong))});
        }},
+      // float32 multi-query: 32 rows take the fused kernel over a short range
+      // (sequence 1, 700 keys) and keel's GEMMs over a long one (sequence 0).
+      {"gqa32_1_lq1_fused_f32_short_range", decode_shape(2, 32, 1, 1, 1500, 128, 128), at::kFloat,
+       [](const Shape&) {
+         return with_masks({Mask::causal(CausalAlignment::bottom_right),
+                            Mask::key_padding(at::tensor({1500, 700}, at::kLong))});
+       }},
+      // Documents on the fused kernel: a query's document whose keys are one
+      // run is an interval (sequence 0, packed in order); a document in
+      // pieces (sequence 1) takes the block classifier; a document with no
+      // key (sequence 2) is a row that sees nothing.
+      {"gqa32_8_lq1_fused_bf16_documents", decode_shape(3, 32, 8, 1, 2500, 128, 128), at::kBFloat16,
+       [](const Shape& s) {
+         const at::Tensor j = at::arange(s.Lk, at::kLong);
+         const at::Tensor kv =
+             at::stack({at::div(j, 700, "floor"), at::remainder(at::div(j, 100, "floor"), 3),
+                        at::div(j, 700, "floor")});
+         const at::Tensor q = at::tensor({3, 0, 9}, at::kLong).view({s.B, s.Lq});
+         return with_masks({Mask::document(q, kv), Mask::causal(CausalAlignment::bottom_right)});
+       }},
+      // Rows of one call in different documents (queries 1197.. see documents
+      // 1, 2, 2 in sequence 0; 2, 2, 3 in sequence 1): each row its own
+      // interval, 6 rows per kv head.
+      {"gqa8_4_lq3_fused_documents_across_rows", decode_shape(2, 8, 4, 3, 1200, 64, 64), at::kFloat,
+       [](const Shape& s) {
+         const at::Tensor j = at::arange(s.Lk, at::kLong);
+         const at::Tensor kv = at::stack({at::div(j, 599, "floor"), at::div(j + 1, 400, "floor")});
+         const at::Tensor q = kv.narrow(1, s.Lk - s.Lq, s.Lq).contiguous();
+         return with_masks({Mask::document(q, kv), Mask::causal(CausalAlignment::bottom_right)});
+       }},
       // Chunked prefill (Lq < Lk): the flash kernel, masked over the visible keys.
       {"gqa32_8_lq128_prefill_window", decode_shape(2, 32, 8, 128, 1500, 128, 128), at::kFloat,
        [](const Shape&) {
