@@ -113,11 +113,14 @@ struct DocumentRuns {
 };
 
 // The document terms of `spec`, in the order of its masks, for a spec of one
-// sequence (ids of batch 1). None when the spec holds more sequences (their
-// document terms then take the block classifier).
+// sequence (ids of batch 1). None when the spec holds more sequences, or
+// combines its terms with any_of (their document terms then take the block
+// classifier).
 std::vector<DocumentRuns> document_runs(const AttentionSpec& spec, std::int64_t sequences) {
   std::vector<DocumentRuns> runs;
-  if (sequences != 1) return runs;
+  if (sequences != 1 || (spec.combine != MaskCombine::all_of && spec.masks.size() > 1)) {
+    return runs;
+  }
   for (const Mask& m : spec.masks) {
     if (m.kind != MaskKind::document) continue;
     DocumentRuns d;
@@ -418,6 +421,7 @@ bool flash_serves(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 // 15.4 against 17.5 ms at one thread, 7.9 against 8.8 at two, and a
 // 513-key window at B=1 Lk=32768 0.21 against 0.29 and 0.13 against 0.21.
 constexpr std::int64_t kFusedContiguousRowsF32 = 16;
+
 // Up to this many visible keys in one call (summed over the sequences that
 // share them), a float32 contiguous cache takes the fused kernel past
 // kFusedContiguousRowsF32 rows all the same: over so few keys, the GEMMs'
