@@ -6,8 +6,8 @@
 // keys merge by log-sum-exp. No ATen op runs in its arithmetic (no
 // dispatch, no intermediate tensor; at two or more threads, one tensor of a
 // byte per thread seats the workers on libtorch's team), which is what a
-// decode step's cost is made of when the cache is small, and its reads are the cache's bytes, which
-// is the cost when the cache is long.
+// decode step's cost is made of when the cache is small, and its reads are
+// the cache's bytes, which is the cost when the cache is long.
 //
 // What it serves (decode_attention's caller checks): float32 or bfloat16
 // q, k and v; no score modifier; every row's visible keys one interval; at
