@@ -143,7 +143,7 @@ harness::Report to_engine(const Report& in) {
     r.reason = c.reason;
     r.tolerance = c.tolerance;
     for (const OutputResult& o : c.outputs) {
-      r.outputs.push_back({o.name, o.tolerance, o.max_abs, o.max_rel, o.pass});
+      r.outputs.push_back({o.name, o.tolerance, o.max_abs, o.max_rel, o.pass, {}});
     }
     r.max_abs = c.max_abs;
     r.max_rel = c.max_rel;

@@ -81,7 +81,46 @@ std::pair<Tolerance, std::string> tolerance_of(const std::string& name, const at
 
 }  // namespace
 
+bool is_exact_dtype(at::ScalarType type) {
+  return !at::isFloatingType(type) && !at::isComplexType(type);
+}
+
+namespace {
+
+// Integer and boolean tensors: equal or not, whatever the tolerance. Compared
+// in int64 (every integer dtype keel writes fits), never through float64,
+// which cannot tell 2^53 + 1 from 2^53. The worst elements are the first
+// mismatches in index order.
+ValueCheck check_exact(const at::Tensor& a, const at::Tensor& b, int worst) {
+  ValueCheck check;
+  check.exact = true;
+  const at::Tensor w = a.to(at::kLong).reshape({-1});
+  const at::Tensor g = b.to(at::kLong).reshape({-1});
+  const at::Tensor mismatch = w.ne(g);
+  check.mismatched = mismatch.sum().item<std::int64_t>();
+  check.pass = check.mismatched == 0;
+  if (check.pass) return check;
+  const at::Tensor diff = (g.to(at::kDouble) - w.to(at::kDouble)).abs();
+  check.max_abs = diff.max().item<double>();
+  check.max_rel = (diff / w.to(at::kDouble).abs().clamp_min(1)).max().item<double>();
+  const at::Tensor where = mismatch.nonzero().reshape({-1});
+  const auto k = std::min<std::int64_t>(worst, where.numel());
+  for (std::int64_t i = 0; i < k; ++i) {
+    const auto flat = where[i].item<std::int64_t>();
+    const auto want = w[flat].item<std::int64_t>();
+    const auto got = g[flat].item<std::int64_t>();
+    check.worst.push_back({unravel(flat, a.sizes()), static_cast<double>(want),
+                           static_cast<double>(got), diff[flat].item<double>(), want, got});
+  }
+  return check;
+}
+
+}  // namespace
+
 ValueCheck check_values(const at::Tensor& a, const at::Tensor& b, const Tolerance& tol, int worst) {
+  if (is_exact_dtype(a.scalar_type()) || is_exact_dtype(b.scalar_type())) {
+    return check_exact(a, b, worst);
+  }
   ValueCheck check;
   const at::Tensor w = a.to(at::kDouble);
   const at::Tensor g = b.to(at::kDouble);

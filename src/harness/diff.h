@@ -23,12 +23,18 @@ namespace keel::harness {
 struct WorstElement {
   std::vector<std::int64_t> index;
   double a = 0, b = 0, abs_diff = 0;
+  // The two values as integers, for an exact (integer or boolean) check:
+  // float64 cannot hold every int64.
+  std::int64_t a_int = 0, b_int = 0;
 };
 
 // How `b` compares with `a` (the reference) element by element, in
 // float64: |b - a| against atol + rtol * |a|. NaN matches NaN, an infinity
 // the same infinity; any other placement of a non-finite value fails.
+// Integer and boolean tensors are compared exactly, whatever the tolerance
+// (docs/compat.md): `exact` says so, and `worst` holds the first mismatches.
 struct ValueCheck {
+  bool exact = false;
   double max_abs = 0;
   double max_rel = 0;
   std::int64_t mismatched = 0;          // elements beyond the tolerance
@@ -36,6 +42,9 @@ struct ValueCheck {
   std::vector<WorstElement> worst;      // the largest differences, worst first
   bool pass = true;
 };
+
+// Whether outputs of this dtype must match exactly (integers, bool).
+bool is_exact_dtype(at::ScalarType type);
 
 // `b` against `a` (same shape), keeping the `worst` largest differences.
 ValueCheck check_values(const at::Tensor& a, const at::Tensor& b, const Tolerance& tol,

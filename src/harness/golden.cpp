@@ -10,8 +10,10 @@
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
+#include <absl/strings/str_join.h>
 #include <absl/strings/str_split.h>
 
+#include "dtype_name.h"
 #include "harness/diff.h"
 #include "harness/safetensors.h"
 #include "keel/v1/build_info.h"
@@ -47,15 +49,31 @@ OutputCheck check_output(const std::string& name, const at::Tensor& got, const a
   OutputCheck check;
   check.name = name;
   check.tolerance = tol;
-  if (got.sizes() != want.sizes()) {
+  const auto fail_outright = [&](std::string why) {
     check.pass = false;
     check.max_abs = check.max_rel = std::numeric_limits<double>::infinity();
+    check.detail = absl::StrCat("output '", name, "': ", why);
     return check;
+  };
+  if (got.scalar_type() != want.scalar_type()) {
+    return fail_outright(absl::StrCat("dtype ", internal::dtype_name(got), ", recorded ",
+                                      internal::dtype_name(want)));
   }
-  const ValueCheck values = check_values(want, got, tol);
+  if (got.sizes() != want.sizes()) {
+    return fail_outright(absl::StrCat("shape ", absl::StrJoin(got.sizes(), "x"), ", recorded ",
+                                      absl::StrJoin(want.sizes(), "x")));
+  }
+  const ValueCheck values = check_values(want, got, tol, /*worst=*/1);
   check.max_abs = values.max_abs;
   check.max_rel = values.max_rel;
   check.pass = values.pass;
+  if (!values.pass && values.exact) {
+    const WorstElement& first = values.worst.front();
+    check.detail = absl::StrCat("output '", name, "' ", internal::dtype_name(want), " at [",
+                                absl::StrJoin(first.index, ", "), "]: ", first.b_int,
+                                ", recorded ", first.a_int, " (", values.mismatched,
+                                " elements differ; integer outputs must match exactly)");
+  }
   return check;
 }
 
@@ -310,6 +328,7 @@ result<Report> compare_golden(const CompareOptions& options, const RunnerFor& ru
           name, got->second, want, own == c.output_tolerances.end() ? r.tolerance : own->second);
       r.max_abs = std::max(r.max_abs, check.max_abs);
       r.max_rel = std::max(r.max_rel, check.max_rel);
+      if (!check.pass && r.reason.empty()) r.reason = check.detail;
       pass = pass && check.pass;
       r.outputs.push_back(std::move(check));
     }

@@ -208,7 +208,11 @@ std::string tensor_text(const std::string& dtype, const std::vector<std::int64_t
   return dtype.empty() ? "-" : dtype + " " + shape_text(shape);
 }
 
-std::string worst_text(const WorstElement& w) {
+std::string worst_text(const WorstElement& w, bool exact) {
+  if (exact) {
+    return absl::StrFormat("%s: %d vs %d (integers must match exactly)", shape_text(w.index),
+                           w.a_int, w.b_int);
+  }
   return absl::StrFormat("%s: %.9g vs %.9g (|diff| %.3g)", shape_text(w.index), w.a, w.b,
                          w.abs_diff);
 }
@@ -220,7 +224,11 @@ nlohmann::json to_json(const DiffReport& report) {
   for (const TensorDiff& d : report.tensors) {
     nlohmann::json worst = nlohmann::json::array();
     for (const WorstElement& w : d.values.worst) {
-      worst.push_back({{"index", w.index}, {"a", w.a}, {"b", w.b}, {"abs_diff", w.abs_diff}});
+      if (d.values.exact) {
+        worst.push_back({{"index", w.index}, {"a", w.a_int}, {"b", w.b_int}, {"abs_diff", w.abs_diff}});
+      } else {
+        worst.push_back({{"index", w.index}, {"a", w.a}, {"b", w.b}, {"abs_diff", w.abs_diff}});
+      }
     }
     tensors.push_back({{"name", d.name},
                        {"status", d.status},
@@ -259,7 +267,7 @@ std::string summary_text(const DiffReport& report) {
         absl::StrAppendFormat(&s, ", %d NaN/inf placed differently", d.values.nonfinite_mismatch);
       }
       for (const WorstElement& w : d.values.worst)
-        absl::StrAppend(&s, "\n          ", worst_text(w));
+        absl::StrAppend(&s, "\n          ", worst_text(w, d.values.exact));
     }
     s += "\n";
   }
@@ -301,7 +309,7 @@ std::string to_html(const DiffReport& report) {
   for (const TensorDiff& d : report.tensors) {
     std::string worst;
     for (const WorstElement& w : d.values.worst)
-      absl::StrAppend(&worst, escape(worst_text(w)), "<br>");
+      absl::StrAppend(&worst, escape(worst_text(w, d.values.exact)), "<br>");
     absl::StrAppendFormat(&html,
                           "<tr class='%s'><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%.2e</td>"
                           "<td>%.2e</td><td>%d</td><td>%d</td><td>%.0e / %.0e (%s)</td><td>%s</td>"

@@ -41,6 +41,9 @@ struct OutputCheck {
   double max_abs = 0;
   double max_rel = 0;
   bool pass = true;
+  // Why it failed, when the numbers alone do not say: a dtype or shape that
+  // changed, or an integer output's first mismatch (index and both values).
+  std::string detail;
 };
 
 struct CaseReport {

@@ -127,6 +127,63 @@ TEST_F(CompatApi, AMovedOutputIsMeasuredAndJudgedByItsTolerance) {
   EXPECT_EQ(find(r.value(), "ffn/bfloat16").status, CaseStatus::pass);
 }
 
+// Integer outputs match exactly, whatever the case's float policy: a token
+// id off by one beside bfloat16 logits (whose policy would pass 1000 +- 16),
+// and an int64 near 2^40 off by one under rtol 1e-10 (which would pass +-110).
+// The reason names the output, the index and both values.
+TEST_F(CompatApi, AnIntegerOutputOffByOneFailsWhateverTheFloatPolicy) {
+  cases_[0].tolerance = Tolerance{1e-10, 1e-10};
+  const std::int64_t big = (std::int64_t{1} << 40) + 12345;
+  auto with_ids = [&](std::int64_t bump) {
+    return [=](const Case& c) -> result<Tensors> {
+      result<Tensors> out = model(c);
+      at::Tensor token = at::arange(998, 1002, at::kLong);
+      at::Tensor offset = at::full({3}, big, at::kLong);
+      token[2] += bump;
+      offset[1] += bump;
+      out.value()["token"] = token;
+      out.value()["offset"] = offset;
+      return out;
+    };
+  };
+  result<void> rec = record(path_, cases_, with_ids(0));
+  ASSERT_TRUE(rec) << rec.error().to_string();
+  result<Report> same = compare(path_, with_ids(0));
+  ASSERT_TRUE(same) << same.error().to_string();
+  EXPECT_TRUE(same.value().ok());
+  result<Report> r = compare(path_, with_ids(1));
+  ASSERT_TRUE(r) << r.error().to_string();
+  for (const Case& c : cases_) {
+    const CaseResult& k = find(r.value(), c.id);
+    EXPECT_EQ(k.status, CaseStatus::fail) << c.id;
+    for (const OutputResult& o : k.outputs) {
+      EXPECT_EQ(o.pass, o.name != "token" && o.name != "offset") << c.id << " " << o.name;
+    }
+  }
+  const std::string& reason = find(r.value(), "ffn/bfloat16").reason;
+  EXPECT_NE(reason.find("output 'offset' int64 at [1]: " + std::to_string(big + 1) + ", recorded " +
+                        std::to_string(big)),
+            std::string::npos)
+      << reason;
+}
+
+// An output whose dtype changed fails with both dtypes named, even when its
+// values are equal.
+TEST_F(CompatApi, AnOutputWhoseDtypeChangedFails) {
+  record_model();
+  auto widened = [&](const Case& c) -> result<Tensors> {
+    result<Tensors> out = model(c);
+    out.value()["rows"] = out.value()["rows"].to(at::kFloat).to(at::kDouble).to(at::kFloat);
+    return out;
+  };
+  result<Report> r = compare(path_, widened);
+  ASSERT_TRUE(r) << r.error().to_string();
+  const CaseResult& k = find(r.value(), "ffn/float32");
+  EXPECT_EQ(k.status, CaseStatus::fail);
+  EXPECT_NE(k.reason.find("output 'rows': dtype float32, recorded float64"), std::string::npos)
+      << k.reason;
+}
+
 TEST_F(CompatApi, ANondeterministicFunctionFails) {
   record_model();
   int calls = 0;

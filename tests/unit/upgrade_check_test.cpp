@@ -3,11 +3,13 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "harness/diff.h"
 #include "harness/safetensors.h"
 #include "harness/upgrade_check.h"
 
@@ -133,6 +135,49 @@ TEST_F(UpgradeCheck, BadOptionsAreReported) {
   o.out = "/nonexistent-dir/golden.safetensors";
   EXPECT_EQ(record(o).error().code(), Errc::io_error);
   EXPECT_EQ(compare_file("/nonexistent-dir/golden.safetensors").error().code(), Errc::io_error);
+}
+
+}  // namespace
+}  // namespace keel::harness
+
+namespace keel::harness {
+namespace {
+
+// keel-compat diff and compare share check_values: integer and boolean
+// tensors are compared exactly even under a loose tolerance (--atol/--rtol
+// or a policy file), in int64, so 2^53 + 1 is not taken for 2^53.
+TEST(CheckValues, IntegersAreExactUnderAnyTolerance) {
+  const Tolerance loose{100, 0.5};
+  const at::Tensor a = at::tensor(std::vector<std::int64_t>{std::int64_t{1} << 53, 7, 1000});
+  at::Tensor b = a.clone();
+  b[0] += 1;
+  b[2] -= 1;
+  const ValueCheck v = check_values(a, b, loose, /*worst=*/5);
+  EXPECT_TRUE(v.exact);
+  EXPECT_FALSE(v.pass);
+  EXPECT_EQ(v.mismatched, 2);
+  ASSERT_EQ(v.worst.size(), 2u);
+  EXPECT_EQ(v.worst[0].index, std::vector<std::int64_t>{0});
+  EXPECT_EQ(v.worst[0].a_int, std::int64_t{1} << 53);
+  EXPECT_EQ(v.worst[0].b_int, (std::int64_t{1} << 53) + 1);
+  EXPECT_EQ(v.worst[1].index, std::vector<std::int64_t>{2});
+  EXPECT_TRUE(check_values(a, a.clone(), loose).pass);
+}
+
+TEST(CheckValues, BooleansAreExactUnderAnyTolerance) {
+  const at::Tensor a = at::tensor(std::vector<std::int64_t>{1, 0, 1}).to(at::kBool);
+  const at::Tensor b = at::ones({3}, at::kBool);
+  const ValueCheck v = check_values(a, b, Tolerance{1, 1});
+  EXPECT_TRUE(v.exact);
+  EXPECT_FALSE(v.pass);
+  EXPECT_EQ(v.mismatched, 1);
+}
+
+TEST(CheckValues, FloatsKeepTheirTolerance) {
+  const at::Tensor a = at::full({1}, 1000.0, at::kDouble);
+  const ValueCheck v = check_values(a, a + 1, Tolerance{0, 1e-2});
+  EXPECT_FALSE(v.exact);
+  EXPECT_TRUE(v.pass);
 }
 
 }  // namespace
