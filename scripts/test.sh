@@ -21,6 +21,15 @@ source scripts/releases.sh
 scripts/fetch-deps.sh
 start=$(date +%s)
 summary=()
+stages=()
+stage_start=$start
+# stage NAME: the minutes since the previous stage, printed at the end.
+stage() {
+  local now
+  now=$(date +%s)
+  stages+=("$(awk -v n="$1" -v s=$((now - stage_start)) 'BEGIN { printf "%-40s %5.1f min", n, s / 60 }')")
+  stage_start=$now
+}
 
 # ctest's closing "N tests failed out of M", as "P passed, S skipped, F failed"
 # (ctest counts a skipped test among the passed; its list names them "(Skipped)").
@@ -48,9 +57,12 @@ run_suite() {
 build_dir() { if [ "$2" = release ]; then echo "build/torch-$1"; else echo "build/torch-$1-$2"; fi; }
 
 run_suite "every test" sanitize "$keel_golden"
+stage "$keel_golden sanitize: build and test"
 run_suite "every test" release "$keel_newest"
+stage "$keel_newest release: build and test"
 for r in "${keel_ci_extra[@]}"; do
   run_suite "conformance, gloo, package" release "$r" -R 'Conformance|GlooLayout|^package\.'
+  stage "$r release: build and conformance"
 done
 
 # The CUDA configuration is built, not run: CI has no GPU (scripts/gpu-check.sh
@@ -59,6 +71,7 @@ done
 echo "keel: ===== CUDA build (not run): libtorch $keel_newest ====="
 KEEL_TORCH_RELEASE=$keel_newest cmake --workflow --preset cuda
 summary+=("$(printf '%-8s %-9s %-28s %s' "$keel_newest" cuda "library and tools" "built")")
+stage "$keel_newest CUDA: build"
 
 # The upgrade check across releases: record on the golden release, compare on
 # every other release CI built, with each adapter; any case out of tolerance
@@ -80,6 +93,7 @@ for r in "${keel_ci_extra[@]}" "$keel_newest"; do
         "build/upgrade-check/compare-$r-$adapter.json")")")
   done
 done
+stage "keel-compat across releases"
 # The tiny language model (examples/tiny_lm) across releases: trained and
 # recorded on the newest, replayed on every other release CI built; its
 # deterministic outputs within the policy and its curves within the band.
@@ -92,9 +106,41 @@ for r in "${keel_ci_extra[@]}"; do
     "$(python3 -c 'import json,sys; c=json.load(open(sys.argv[1]))["cases"][0]; print(c["status"] + ":", ", ".join("%s %.3g" % (o["name"], o["max_abs"]) for o in c["outputs"]))' \
       "build/upgrade-check/tiny_lm-$r.json")")")
 done
+stage "tiny_lm across releases"
+# One service binary for every release (docs/c-api.md): the C consumer, built
+# once in the golden release's build with no libtorch header in sight, runs
+# unchanged on each release's plugin; it records on the golden release and
+# each other release's outputs must stay within the policy. Its hash is
+# printed before and after, to show that the same file ran.
+consumer=$(build_dir "$keel_golden" sanitize)/keel_c_consumer
+consumer_golden=build/upgrade-check/c-consumer-$keel_golden.bin
+consumer_hash=$(sha256sum "$consumer" | cut -d' ' -f1)
+echo "keel: ===== one C consumer binary, sha256 $consumer_hash ====="
+(
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+  export LSAN_OPTIONS=suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressions=0
+  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=$PWD/tests/sanitizers/ubsan.supp
+  "$consumer" record --out "$consumer_golden" --plugin \
+    "$(build_dir "$keel_golden" sanitize)/libkeel-plugin-$keel_golden-cpu.so"
+  # Leaks are the sanitizer suite's to find; here the other releases' libtorch runs.
+  export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1
+  for r in "${keel_ci_extra[@]}" "$keel_newest"; do
+    "$consumer" compare --golden "$consumer_golden" --torch-release "$r" \
+      --plugin-dir "$(build_dir "$r" release)"
+  done
+) | tee build/upgrade-check/c-consumer.log
+[ "$(sha256sum "$consumer" | cut -d' ' -f1)" = "$consumer_hash" ]
+for r in "${keel_ci_extra[@]}" "$keel_newest"; do
+  summary+=("$(printf '%-8s %-9s %-28s %s' "$r" c-abi "one consumer binary" \
+    "$(grep -A1 "built on libtorch $r" build/upgrade-check/c-consumer.log | sed -n 's/.*keel_c_consumer: \([0-9]* of [0-9]* outputs\).*/\1 within policy/p')")")
+done
+stage "C consumer across releases"
 scripts/lint.sh "$(build_dir "$keel_newest" release)"
+stage "lint"
 
 echo
 echo "keel: test totals per release ($(( ($(date +%s) - start) / 60 )) min)"
 printf '  %s\n' "${summary[@]}"
+echo "keel: minutes per stage"
+printf '  %s\n' "${stages[@]}"
 echo "keel: all tests passed"

@@ -1,0 +1,439 @@
+/// @file keel/c/keel.hpp
+/// @brief A header-only C++ face over keel's C ABI: RAII tensors and
+/// plugins, result values like `keel::v1`'s, and no libtorch include.
+///
+/// For services that hold their own buffers and want one binary for every
+/// libtorch release: they include this header (and `keel/c/loader.h`), link
+/// `libkeel_loader.so`, and never see a torch header.
+///
+///     auto plugin = keel::c::Plugin::load({/*torch_release=*/"2.15.0"});
+///
+/// @snippet examples/c_consumer/consumer.cpp c_face_attention
+///
+/// A service on libtorch itself crosses with libtorch's own DLPack
+/// functions (`ATen/DLConvertor.h`, 2.9+), a few lines:
+///
+///     DLManagedTensorVersioned* in = at::toDLPackVersioned(q);  // q stays alive
+///     keel::c::Tensor view = keel::c::Tensor::adopt(in);        // freed with its deleter
+///     at::Tensor out = at::fromDLPackVersioned(result.out.release());
+///
+/// Traps: every call returns a `Result` marked `[[nodiscard]]`; drop one on
+/// purpose with `(void)`. `Tensor::view` borrows the caller's memory, which
+/// must outlive the call it is passed to. A `Plugin` is a cheap handle: the
+/// plugin stays loaded until the process exits.
+#ifndef KEEL_C_KEEL_HPP_
+#define KEEL_C_KEEL_HPP_
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "keel/c/keel.h"
+#include "keel/c/loader.h"
+
+/// The C++ face of keel's C ABI.
+namespace keel::c {
+
+/// An error from a plugin or the loader: a `KEEL_Errc` and a message.
+class Error {
+ public:
+  /// A `KEEL_ERRC_BACKEND_ERROR` with no message (result storage needs one).
+  Error() = default;
+  /// An error with `code` and `message`.
+  Error(std::int32_t code, std::string message) : code_(code), message_(std::move(message)) {}
+  /// The `KEEL_Errc`.
+  std::int32_t code() const noexcept { return code_; }
+  /// The message, which names the call and the argument.
+  const std::string& message() const noexcept { return message_; }
+
+ private:
+  std::int32_t code_ = KEEL_ERRC_BACKEND_ERROR;
+  std::string message_;
+};
+
+/// A value or an `Error`.
+template <class T>
+class [[nodiscard]] Result {
+ public:
+  /// A success.
+  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit, as keel::v1's result
+  /// A failure.
+  Result(Error error) : v_(std::move(error)) {}  // NOLINT
+  /// Whether it holds a value.
+  explicit operator bool() const noexcept { return v_.index() == 0; }
+  /// The value (only when it holds one).
+  T& value() & { return std::get<0>(v_); }
+  /// The value, moved out (only when it holds one).
+  T&& value() && { return std::get<0>(std::move(v_)); }
+  /// The error (only when it holds one).
+  const Error& error() const { return std::get<1>(v_); }
+
+ private:
+  std::variant<T, Error> v_;
+};
+
+/// An owned DLPack tensor: its deleter runs when the `Tensor` goes.
+class Tensor {
+ public:
+  /// No tensor.
+  Tensor() = default;
+  /// Takes ownership of `managed` (NULL is no tensor).
+  static Tensor adopt(DLManagedTensorVersioned* managed) noexcept { return Tensor(managed); }
+  /// A borrowed view of the caller's contiguous memory (no copy): the memory
+  /// must outlive every call the view is passed to. `read_only` sets
+  /// DLPack's read-only flag.
+  static Tensor view(const void* data, DLDataType dtype, std::vector<std::int64_t> shape,
+                     bool read_only = false) {
+    auto* holder = new ViewHolder{};
+    holder->shape = std::move(shape);
+    DLManagedTensorVersioned& m = holder->managed;
+    m.version.major = DLPACK_MAJOR_VERSION;
+    m.version.minor = DLPACK_MINOR_VERSION;
+    m.manager_ctx = holder;
+    m.deleter = [](DLManagedTensorVersioned* self) {
+      delete static_cast<ViewHolder*>(self->manager_ctx);
+    };
+    m.flags = read_only ? DLPACK_FLAG_BITMASK_READ_ONLY : 0;
+    m.dl_tensor.data = const_cast<void*>(data);
+    m.dl_tensor.device = {kDLCPU, 0};
+    m.dl_tensor.ndim = static_cast<std::int32_t>(holder->shape.size());
+    m.dl_tensor.dtype = dtype;
+    m.dl_tensor.shape = holder->shape.data();
+    m.dl_tensor.strides = nullptr;
+    m.dl_tensor.byte_offset = 0;
+    return Tensor(&m);
+  }
+  Tensor(Tensor&& other) noexcept : t_(std::exchange(other.t_, nullptr)) {}  ///< Moves.
+  /// Moves.
+  Tensor& operator=(Tensor&& other) noexcept {
+    if (this != &other) {
+      reset();
+      t_ = std::exchange(other.t_, nullptr);
+    }
+    return *this;
+  }
+  Tensor(const Tensor&) = delete;             ///< Not copyable.
+  Tensor& operator=(const Tensor&) = delete;  ///< Not copyable.
+  ~Tensor() { reset(); }                      ///< Runs the deleter.
+
+  /// Whether it holds a tensor.
+  explicit operator bool() const noexcept { return t_ != nullptr; }
+  /// The DLPack tensor (still owned here).
+  DLManagedTensorVersioned* get() const noexcept { return t_; }
+  /// Gives up ownership.
+  DLManagedTensorVersioned* release() noexcept { return std::exchange(t_, nullptr); }
+  /// The sizes.
+  std::vector<std::int64_t> shape() const {
+    return t_ ? std::vector<std::int64_t>(t_->dl_tensor.shape,
+                                          t_->dl_tensor.shape + t_->dl_tensor.ndim)
+              : std::vector<std::int64_t>{};
+  }
+  /// The element count.
+  std::int64_t numel() const noexcept {
+    std::int64_t n = t_ ? 1 : 0;
+    for (std::int32_t d = 0; t_ && d < t_->dl_tensor.ndim; ++d) n *= t_->dl_tensor.shape[d];
+    return n;
+  }
+  /// The dtype.
+  DLDataType dtype() const noexcept { return t_ ? t_->dl_tensor.dtype : DLDataType{}; }
+  /// The first element (outputs are contiguous).
+  template <class T>
+  const T* data() const noexcept {
+    return t_ ? reinterpret_cast<const T*>(static_cast<const char*>(t_->dl_tensor.data) +
+                                           t_->dl_tensor.byte_offset)
+              : nullptr;
+  }
+
+ private:
+  struct ViewHolder {
+    DLManagedTensorVersioned managed{};
+    std::vector<std::int64_t> shape;
+  };
+  explicit Tensor(DLManagedTensorVersioned* t) noexcept : t_(t) {}
+  void reset() noexcept {
+    if (t_ != nullptr && t_->deleter != nullptr) t_->deleter(t_);
+    t_ = nullptr;
+  }
+  DLManagedTensorVersioned* t_ = nullptr;
+};
+
+/// A mask term of the C ABI, zeroed with its size set.
+inline KEEL_Mask mask(KEEL_MaskKind kind, KEEL_Alignment alignment = KEEL_ALIGN_TOP_LEFT) {
+  KEEL_Mask m;
+  std::memset(&m, 0, sizeof m);
+  m.struct_size = sizeof m;
+  m.kind = kind;
+  m.alignment = alignment;
+  return m;
+}
+
+/// An attention spec that owns its list of mask terms.
+class AttentionSpec {
+ public:
+  /// The default: every key visible, scale 1/sqrt(E).
+  AttentionSpec() {
+    std::memset(&c_, 0, sizeof c_);
+    c_.struct_size = sizeof c_;
+  }
+  /// Appends a mask term (its tensors are borrowed).
+  AttentionSpec& add(const KEEL_Mask& term) {
+    masks_.push_back(std::make_unique<KEEL_Mask>(term));
+    return *this;
+  }
+  /// The C struct's other fields (scale, softcap, bias, ...).
+  KEEL_AttentionSpec& fields() noexcept { return c_; }
+  /// The C struct, valid until this spec changes or goes.
+  const KEEL_AttentionSpec* get() {
+    pointers_.clear();
+    for (const auto& m : masks_) pointers_.push_back(m.get());
+    c_.masks = pointers_.empty() ? nullptr : pointers_.data();
+    c_.num_masks = pointers_.size();
+    return &c_;
+  }
+
+ private:
+  KEEL_AttentionSpec c_;
+  std::vector<std::unique_ptr<KEEL_Mask>> masks_;
+  std::vector<const KEEL_Mask*> pointers_;
+};
+
+/// Attention's outputs.
+struct AttentionResult {
+  Tensor out;               ///< `[B, Hq, Lq, Ev]`.
+  Tensor lse;               ///< `[B, Hq, Lq]`, when asked.
+  std::int32_t served = 0;  ///< The `KEEL_Backend` that served it.
+};
+
+/// Attention's gradients.
+struct AttentionGradients {
+  Tensor dq;     ///< d q.
+  Tensor dk;     ///< d k.
+  Tensor dv;     ///< d v.
+  Tensor dbias;  ///< d bias, when the spec has one.
+};
+
+/// The fused loss's outputs (and gradients, from `loss_forward_backward`).
+struct LossResult {
+  Tensor loss;              ///< The loss.
+  Tensor per_token_loss;    ///< When asked.
+  Tensor lse;               ///< When asked.
+  Tensor dhidden;           ///< d hidden (forward+backward only).
+  Tensor dweight;           ///< d weight (forward+backward only).
+  Tensor dbias;             ///< d bias (forward+backward only, with a bias).
+  std::int32_t served = 0;  ///< The `KEEL_Backend` that served it.
+};
+
+/// What a plugin is.
+struct PluginInfo {
+  std::string keel_version;     ///< keel's version.
+  std::string torch_release;    ///< The libtorch it was built on.
+  std::string torch_loaded;     ///< The libtorch loaded now.
+  std::uint64_t torch_abi = 0;  ///< `aoti_torch_abi_version()`.
+  std::string flavour;          ///< "cpu" or the CUDA flavour.
+  std::string build_info_json;  ///< `keel-info --json` of the plugin.
+  std::uint32_t api_major = 0;  ///< The plugin's C ABI major.
+  std::uint32_t api_minor = 0;  ///< The plugin's C ABI minor.
+};
+
+/// Where to find a plugin (`KEEL_LoadOptions`).
+struct LoadOptions {
+  std::string torch_release;  ///< Find the plugin of this release ("2.15.0").
+  std::string plugin_path;    ///< Or this file (else `KEEL_PLUGIN`).
+  std::string flavour;        ///< "cpu" when empty.
+  std::string plugin_dir;     ///< Where to look (else `KEEL_PLUGIN_DIR`, else the loader's folder).
+};
+
+/// A loaded plugin: a handle on its function table.
+class Plugin {
+ public:
+  /// Finds, checks and loads a plugin (`keel_load_plugin`).
+  static Result<Plugin> load(const LoadOptions& options) {
+    char error[1024] = {0};
+    KEEL_LoadOptions o;
+    std::memset(&o, 0, sizeof o);
+    o.struct_size = sizeof o;
+    o.plugin_path = options.plugin_path.empty() ? nullptr : options.plugin_path.c_str();
+    o.torch_release = options.torch_release.empty() ? nullptr : options.torch_release.c_str();
+    o.flavour = options.flavour.empty() ? nullptr : options.flavour.c_str();
+    o.plugin_dir = options.plugin_dir.empty() ? nullptr : options.plugin_dir.c_str();
+    o.error = error;
+    o.error_capacity = sizeof error;
+    const std::int32_t code = keel_load_plugin(&o);
+    if (code != KEEL_ERRC_OK) return Error(code, error);
+    return Plugin(o.api, o.resolved_path);
+  }
+
+  /// The table, for calls the face does not wrap.
+  const KEEL_Api* api() const noexcept { return api_; }
+  /// The file it was loaded from.
+  const std::string& path() const noexcept { return path_; }
+
+  /// What the plugin is.
+  Result<PluginInfo> info() const {
+    KEEL_Plugin_Info_Args a;
+    std::memset(&a, 0, sizeof a);
+    a.struct_size = sizeof a;
+    if (Error e; failed(api_->KEEL_Plugin_Info(&a), e)) return e;
+    return PluginInfo{
+        a.keel_version, a.torch_release,   a.torch_loaded,          a.torch_abi_version,
+        a.flavour,      a.build_info_json, api_->api_version.major, api_->api_version.minor};
+  }
+
+  /// Whether some adapter serves `operation` for `dtype` on the CPU; the
+  /// adapter's name, or "" when none does.
+  Result<std::string> serves(KEEL_Operation operation, DLDataType dtype,
+                             KEEL_Backend backend = KEEL_BACKEND_UNSET) const {
+    KEEL_Capability_Query_Args a;
+    std::memset(&a, 0, sizeof a);
+    a.struct_size = sizeof a;
+    a.operation = operation;
+    a.backend = backend;
+    a.dtype = dtype;
+    a.device_type = kDLCPU;
+    if (Error e; failed(api_->KEEL_Capability_Query(&a), e)) return e;
+    return std::string(a.supported ? a.adapter : "");
+  }
+
+  /// `keel::attention(q, k, v, spec)`; `spec` may be NULL.
+  Result<AttentionResult> attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const KEEL_AttentionSpec* spec, bool return_lse = false) const {
+    KEEL_Attention_Forward_Args a;
+    std::memset(&a, 0, sizeof a);
+    a.struct_size = sizeof a;
+    a.q = q.get();
+    a.k = k.get();
+    a.v = v.get();
+    a.spec = spec;
+    a.return_lse = return_lse;
+    if (Error e; failed(api_->KEEL_Attention_Forward(&a), e)) return e;
+    return AttentionResult{Tensor::adopt(a.out), Tensor::adopt(a.lse), a.served_backend};
+  }
+
+  /// Attention's gradients for `dout`.
+  Result<AttentionGradients> attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                const KEEL_AttentionSpec* spec,
+                                                const Tensor& dout) const {
+    KEEL_Attention_Backward_Args a;
+    std::memset(&a, 0, sizeof a);
+    a.struct_size = sizeof a;
+    a.q = q.get();
+    a.k = k.get();
+    a.v = v.get();
+    a.spec = spec;
+    a.dout = dout.get();
+    if (Error e; failed(api_->KEEL_Attention_Backward(&a), e)) return e;
+    return AttentionGradients{Tensor::adopt(a.dq), Tensor::adopt(a.dk), Tensor::adopt(a.dv),
+                              Tensor::adopt(a.dbias)};
+  }
+
+  /// Attention against a paged cache.
+  Result<AttentionResult> attention_paged(const Tensor& q, const Tensor& k_pages,
+                                          const Tensor& v_pages, const Tensor& page_table,
+                                          const Tensor& lengths, const KEEL_AttentionSpec* spec,
+                                          bool return_lse = false) const {
+    KEEL_Attention_Paged_Args a;
+    std::memset(&a, 0, sizeof a);
+    a.struct_size = sizeof a;
+    a.q = q.get();
+    a.k_pages = k_pages.get();
+    a.v_pages = v_pages.get();
+    a.page_table = page_table.get();
+    a.lengths = lengths.get();
+    a.spec = spec;
+    a.return_lse = return_lse;
+    if (Error e; failed(api_->KEEL_Attention_Paged(&a), e)) return e;
+    return AttentionResult{Tensor::adopt(a.out), Tensor::adopt(a.lse), a.served_backend};
+  }
+
+  /// `keel::logsumexp(input, {dim, keepdim, mask})`; `mask` may be empty.
+  Result<Tensor> logsumexp(const Tensor& input, std::int64_t dim, bool keepdim = false,
+                           const Tensor& mask = Tensor()) const {
+    KEEL_Logsumexp_Args a;
+    std::memset(&a, 0, sizeof a);
+    a.struct_size = sizeof a;
+    a.input = input.get();
+    a.dim = dim;
+    a.keepdim = keepdim;
+    a.mask = mask.get();
+    if (Error e; failed(api_->KEEL_Logsumexp(&a), e)) return e;
+    return Tensor::adopt(a.value);
+  }
+
+  /// The fused loss, forward only; `options` may be NULL (every default).
+  Result<LossResult> loss_forward(const Tensor& hidden, const Tensor& weight, const Tensor& target,
+                                  const KEEL_LinearCrossEntropy_Options* options) const {
+    KEEL_LinearCrossEntropy_Forward_Args a;
+    std::memset(&a, 0, sizeof a);
+    a.struct_size = sizeof a;
+    a.hidden = hidden.get();
+    a.weight = weight.get();
+    a.target = target.get();
+    a.options = options;
+    if (Error e; failed(api_->KEEL_LinearCrossEntropy_Forward(&a), e)) return e;
+    LossResult r;
+    r.loss = Tensor::adopt(a.loss);
+    r.per_token_loss = Tensor::adopt(a.per_token_loss);
+    r.lse = Tensor::adopt(a.lse);
+    r.served = a.served_backend;
+    return r;
+  }
+
+  /// The fused loss and its gradients; `dloss` empty means ones.
+  Result<LossResult> loss_forward_backward(const Tensor& hidden, const Tensor& weight,
+                                           const Tensor& target,
+                                           const KEEL_LinearCrossEntropy_Options* options,
+                                           const Tensor& dloss = Tensor()) const {
+    KEEL_LinearCrossEntropy_ForwardBackward_Args a;
+    std::memset(&a, 0, sizeof a);
+    a.struct_size = sizeof a;
+    a.hidden = hidden.get();
+    a.weight = weight.get();
+    a.target = target.get();
+    a.options = options;
+    a.dloss = dloss.get();
+    if (Error e; failed(api_->KEEL_LinearCrossEntropy_ForwardBackward(&a), e)) return e;
+    LossResult r;
+    r.loss = Tensor::adopt(a.loss);
+    r.per_token_loss = Tensor::adopt(a.per_token_loss);
+    r.lse = Tensor::adopt(a.lse);
+    r.dhidden = Tensor::adopt(a.dhidden);
+    r.dweight = Tensor::adopt(a.dweight);
+    r.dbias = Tensor::adopt(a.dbias);
+    r.served = a.served_backend;
+    return r;
+  }
+
+ private:
+  Plugin(const KEEL_Api* api, const char* path) : api_(api), path_(path ? path : "") {}
+  // Takes a call's KEEL_Error into `out` and frees it; true when there was one.
+  bool failed(KEEL_Error* error, Error& out) const {
+    if (error == nullptr) return false;
+    KEEL_Error_GetCode_Args code;
+    std::memset(&code, 0, sizeof code);
+    code.struct_size = sizeof code;
+    code.error = error;
+    api_->KEEL_Error_GetCode(&code);
+    KEEL_Error_Message_Args message;
+    std::memset(&message, 0, sizeof message);
+    message.struct_size = sizeof message;
+    message.error = error;
+    api_->KEEL_Error_Message(&message);
+    out = Error(code.code, std::string(message.message, message.message_size));
+    KEEL_Error_Destroy_Args destroy;
+    std::memset(&destroy, 0, sizeof destroy);
+    destroy.struct_size = sizeof destroy;
+    destroy.error = error;
+    api_->KEEL_Error_Destroy(&destroy);
+    return true;
+  }
+  const KEEL_Api* api_;
+  std::string path_;
+};
+
+}  // namespace keel::c
+
+#endif  // KEEL_C_KEEL_HPP_

@@ -1,0 +1,601 @@
+// keel's C ABI (include/keel/c/): this build's plugin, loaded by the loader
+// in this process, against keel::v1 called directly on the same inputs
+// (bitwise: the plugin runs the same release's v1), inputs read in place,
+// the struct-size rules, and every bad input or bad plugin an error value.
+// Tensors cross with libtorch's own DLPack functions, as docs/c-api.md's
+// bridge shows a service on libtorch.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/DLConvertor.h>
+#include <c10/core/GradMode.h>
+#include <gtest/gtest.h>
+
+#include "c_api/dlpack_bridge.h"
+#include "keel/c/keel.hpp"
+#include "keel/keel.h"
+
+namespace keel {
+namespace {
+
+using CTensor = keel::c::Tensor;
+
+// A caller-owned DLPack tensor that shares `t`'s memory (libtorch's bridge).
+CTensor dl(const at::Tensor& t) {
+  return CTensor::adopt(at::toDLPackVersioned(t));
+}
+// The output as an at::Tensor, ownership passed to libtorch.
+at::Tensor from(CTensor& t) {
+  return t ? at::fromDLPackVersioned(t.release()) : at::Tensor();
+}
+
+bool bitwise(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.defined() || !b.defined()) return a.defined() == b.defined();
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
+  const at::Tensor x = a.contiguous(), y = b.contiguous();
+  return std::memcmp(x.data_ptr(), y.data_ptr(), x.numel() * x.element_size()) == 0;
+}
+
+const keel::c::Plugin& plugin() {
+  static const keel::c::Plugin p = [] {
+    keel::c::LoadOptions o;
+    o.plugin_path = KEEL_PLUGIN_FILE;
+    keel::c::Result<keel::c::Plugin> r = keel::c::Plugin::load(o);
+    if (!r) throw std::runtime_error(r.error().message());
+    return std::move(r).value();
+  }();
+  return p;
+}
+
+at::Tensor randn(at::IntArrayRef shape, at::ScalarType dtype) {
+  return at::randn(shape, at::kDouble).to(dtype);
+}
+
+TEST(CApiConformance, PluginSaysWhatItIsAndWhatItServes) {
+  keel::c::Result<keel::c::PluginInfo> info = plugin().info();
+  ASSERT_TRUE(info) << info.error().message();
+  EXPECT_EQ(info.value().torch_release, build_info().torch_version);
+  EXPECT_EQ(info.value().torch_loaded, build_info().torch_version);
+  EXPECT_EQ(info.value().keel_version, std::string(version()));
+  EXPECT_EQ(info.value().api_major, KEEL_C_API_MAJOR);
+  EXPECT_EQ(info.value().api_minor, KEEL_C_API_MINOR);
+  EXPECT_NE(info.value().build_info_json.find("\"adapters\""), std::string::npos);
+  keel::c::Result<std::string> f32 =
+      plugin().serves(KEEL_OPERATION_ATTENTION, DLDataType{kDLFloat, 32, 1});
+  ASSERT_TRUE(f32);
+  EXPECT_EQ(f32.value(), "compat");
+  keel::c::Result<std::string> ints =
+      plugin().serves(KEEL_OPERATION_ATTENTION, DLDataType{kDLInt, 32, 1});
+  ASSERT_TRUE(ints);
+  EXPECT_EQ(ints.value(), "");
+}
+
+struct AttentionCase {
+  const char* name;
+  at::ScalarType dtype;
+  std::int64_t hq, hkv, lq, lk;
+  std::function<void(AttentionSpec&, keel::c::AttentionSpec&, std::vector<at::Tensor>&,
+                     std::vector<CTensor>&)>
+      masks;
+};
+
+class CApiAttention : public ::testing::TestWithParam<AttentionCase> {};
+
+// Forward (out and lse) and backward (dq, dk, dv, dbias) through the C ABI
+// equal keel::v1's, bitwise.
+TEST_P(CApiAttention, EqualsV1Bitwise) {
+  const AttentionCase& c = GetParam();
+  at::manual_seed(11);
+  const at::Tensor q = randn({2, c.hq, c.lq, 16}, c.dtype),
+                   k = randn({2, c.hkv, c.lk, 16}, c.dtype),
+                   v = randn({2, c.hkv, c.lk, 16}, c.dtype),
+                   dout = randn({2, c.hq, c.lq, 16}, c.dtype);
+  AttentionSpec spec;
+  keel::c::AttentionSpec cspec;
+  std::vector<at::Tensor> keep;
+  std::vector<CTensor> ckeep;
+  c.masks(spec, cspec, keep, ckeep);
+  spec.return_lse = true;
+  result<AttentionOutput> want = attention(q, k, v, spec);
+  ASSERT_TRUE(want) << want.error().to_string();
+  CTensor cq = dl(q), ck = dl(k), cv = dl(v), cdout = dl(dout);
+  keel::c::Result<keel::c::AttentionResult> got = plugin().attention(cq, ck, cv, cspec.get(), true);
+  ASSERT_TRUE(got) << got.error().message();
+  EXPECT_TRUE(bitwise(from(got.value().out), want.value().out));
+  EXPECT_TRUE(bitwise(from(got.value().lse), want.value().lse));
+
+  const at::Tensor qg = q.clone().requires_grad_(), kg = k.clone().requires_grad_(),
+                   vg = v.clone().requires_grad_();
+  at::Tensor bias;
+  if (spec.bias.defined()) spec.bias = bias = spec.bias.clone().requires_grad_();
+  spec.return_lse = false;
+  result<AttentionOutput> fwd = attention(qg, kg, vg, spec);
+  ASSERT_TRUE(fwd);
+  fwd.value().out.backward(dout);
+  keel::c::Result<keel::c::AttentionGradients> g =
+      plugin().attention_backward(cq, ck, cv, cspec.get(), cdout);
+  ASSERT_TRUE(g) << g.error().message();
+  EXPECT_TRUE(bitwise(from(g.value().dq), qg.grad()));
+  EXPECT_TRUE(bitwise(from(g.value().dk), kg.grad()));
+  EXPECT_TRUE(bitwise(from(g.value().dv), vg.grad()));
+  if (bias.defined()) {
+    EXPECT_TRUE(bitwise(from(g.value().dbias), bias.grad()));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, CApiAttention,
+    ::testing::Values(
+        AttentionCase{"gqa4_2_causal_bottom_right_f32", at::kFloat, 4, 2, 3, 7,
+                      [](AttentionSpec& s, keel::c::AttentionSpec& c, auto&, auto&) {
+                        s.masks.push_back(Mask::causal(CausalAlignment::bottom_right));
+                        c.add(keel::c::mask(KEEL_MASK_CAUSAL, KEEL_ALIGN_BOTTOM_RIGHT));
+                      }},
+        AttentionCase{"window_softcap_alibi_f64", at::kDouble, 2, 2, 9, 9,
+                      [](AttentionSpec& s, keel::c::AttentionSpec& c, auto& keep, auto& ckeep) {
+                        s.masks.push_back(Mask::sliding_window(2, 1));
+                        KEEL_Mask w = keel::c::mask(KEEL_MASK_SLIDING_WINDOW);
+                        w.window_left = 2;
+                        w.window_right = 1;
+                        c.add(w);
+                        s.softcap = c.fields().softcap = 4;
+                        keep.push_back(at::tensor({0.5, 0.25}, at::kFloat));
+                        s.alibi_slopes = keep.back();
+                        ckeep.push_back(dl(keep.back()));
+                        c.fields().alibi_slopes = ckeep.back().get();
+                      }},
+        AttentionCase{
+            "documents_padding_bias_f32", at::kFloat, 2, 1, 6, 6,
+            [](AttentionSpec& s, keel::c::AttentionSpec& c, auto& keep, auto& ckeep) {
+              const at::Tensor ids =
+                  at::tensor({0, 0, 1, 1, 1, 2, 0, 1, 1, 2, 2, 2}, at::kLong).view({2, 6});
+              const at::Tensor lengths = at::tensor({5, 0}, at::kLong);
+              const at::Tensor bias = randn({2, 2, 6, 6}, at::kFloat);
+              keep.insert(keep.end(), {ids, lengths, bias});
+              s.masks.push_back(Mask::document(ids, ids));
+              s.masks.push_back(Mask::key_padding(lengths));
+              s.bias = bias;
+              ckeep.push_back(dl(ids));
+              ckeep.push_back(dl(lengths));
+              ckeep.push_back(dl(bias));
+              KEEL_Mask d = keel::c::mask(KEEL_MASK_DOCUMENT);
+              d.q_document_ids = d.kv_document_ids = ckeep[0].get();
+              KEEL_Mask p = keel::c::mask(KEEL_MASK_KEY_PADDING);
+              p.kv_lengths = ckeep[1].get();
+              c.add(d).add(p);
+              c.fields().bias = ckeep[2].get();
+            }},
+        AttentionCase{"boolean_any_of_bf16", at::kBFloat16, 4, 4, 5, 8,
+                      [](AttentionSpec& s, keel::c::AttentionSpec& c, auto& keep, auto& ckeep) {
+                        const at::Tensor keepers = at::rand({2, 1, 5, 8}) > 0.5;
+                        keep.push_back(keepers);
+                        s.masks.push_back(Mask::causal());
+                        s.masks.push_back(Mask::from_tensor(keepers));
+                        s.combine = MaskCombine::any_of;
+                        ckeep.push_back(dl(keepers));
+                        KEEL_Mask t = keel::c::mask(KEEL_MASK_TENSOR);
+                        t.tensor = ckeep.back().get();
+                        c.add(keel::c::mask(KEEL_MASK_CAUSAL)).add(t);
+                        c.fields().combine_any = 1;
+                      }}),
+    [](const ::testing::TestParamInfo<AttentionCase>& info) {
+      return std::string(info.param.name);
+    });
+
+TEST(CApiConformance, PagedEqualsV1Bitwise) {
+  at::manual_seed(12);
+  const at::Tensor q = randn({2, 4, 2, 16}, at::kFloat);
+  PagedKVCache cache;
+  cache.k_pages = randn({6, 2, 4, 16}, at::kFloat);
+  cache.v_pages = randn({6, 2, 4, 16}, at::kFloat);
+  cache.page_table = at::tensor({4, 1, 0, 5, 2, 3}, at::kInt).view({2, 3});
+  cache.lengths = at::tensor({7, 10}, at::kInt);
+  AttentionSpec spec;
+  spec.masks.push_back(Mask::causal(CausalAlignment::bottom_right));
+  spec.return_lse = true;
+  result<AttentionOutput> want = [&] {
+    c10::NoGradGuard no_grad;
+    return attention(q, cache, spec);
+  }();
+  ASSERT_TRUE(want) << want.error().to_string();
+  keel::c::AttentionSpec cspec;
+  cspec.add(keel::c::mask(KEEL_MASK_CAUSAL, KEEL_ALIGN_BOTTOM_RIGHT));
+  CTensor cq = dl(q), kp = dl(cache.k_pages), vp = dl(cache.v_pages), t = dl(cache.page_table),
+          l = dl(cache.lengths);
+  keel::c::Result<keel::c::AttentionResult> got =
+      plugin().attention_paged(cq, kp, vp, t, l, cspec.get(), true);
+  ASSERT_TRUE(got) << got.error().message();
+  EXPECT_TRUE(bitwise(from(got.value().out), want.value().out));
+  EXPECT_TRUE(bitwise(from(got.value().lse), want.value().lse));
+}
+
+TEST(CApiConformance, LogsumexpEqualsV1Bitwise) {
+  at::manual_seed(13);
+  const at::Tensor x = randn({3, 7}, at::kFloat), mask = at::rand({3, 7}) > 0.4;
+  LogsumexpOptions o;
+  o.dim = 1;
+  o.mask = mask;
+  result<LogsumexpOutput> want = logsumexp(x, o);
+  ASSERT_TRUE(want);
+  CTensor cx = dl(x), cm = dl(mask);
+  keel::c::Result<CTensor> got = plugin().logsumexp(cx, 1, false, cm);
+  ASSERT_TRUE(got) << got.error().message();
+  EXPECT_TRUE(bitwise(from(got.value()), want.value().value));
+}
+
+TEST(CApiConformance, LossForwardBackwardEqualsV1Bitwise) {
+  at::manual_seed(14);
+  const at::Tensor h = randn({6, 16}, at::kFloat), w = randn({40, 16}, at::kFloat),
+                   b = randn({40}, at::kFloat);
+  const at::Tensor target = at::tensor({3, -100, 39, 0, 7, -100}, at::kLong);
+  LinearCrossEntropyOptions o;
+  o.label_smoothing = 0.1;
+  o.return_per_token_loss = o.return_lse = true;
+  const at::Tensor hg = h.clone().requires_grad_(), wg = w.clone().requires_grad_(),
+                   bg = b.clone().requires_grad_();
+  o.bias = bg;
+  result<LossOutput> want = linear_cross_entropy(hg, wg, target, o);
+  ASSERT_TRUE(want) << want.error().to_string();
+  want.value().loss.backward();
+  CTensor ch = dl(h), cw = dl(w), cb = dl(b), ct = dl(target);
+  KEEL_LinearCrossEntropy_Options co;
+  std::memset(&co, 0, sizeof co);
+  co.struct_size = sizeof co;
+  co.ignore_index = -100;
+  co.label_smoothing = 0.1;
+  co.bias = cb.get();
+  co.return_per_token_loss = co.return_lse = 1;
+  keel::c::Result<keel::c::LossResult> got = plugin().loss_forward_backward(ch, cw, ct, &co);
+  ASSERT_TRUE(got) << got.error().message();
+  EXPECT_TRUE(bitwise(from(got.value().loss), want.value().loss.detach()));
+  EXPECT_TRUE(bitwise(from(got.value().per_token_loss), want.value().per_token_loss.detach()));
+  EXPECT_TRUE(bitwise(from(got.value().lse), want.value().lse.detach()));
+  EXPECT_TRUE(bitwise(from(got.value().dhidden), hg.grad()));
+  EXPECT_TRUE(bitwise(from(got.value().dweight), wg.grad()));
+  EXPECT_TRUE(bitwise(from(got.value().dbias), bg.grad()));
+  keel::c::Result<keel::c::LossResult> fwd = plugin().loss_forward(ch, cw, ct, &co);
+  ASSERT_TRUE(fwd) << fwd.error().message();
+  EXPECT_TRUE(bitwise(from(fwd.value().loss), want.value().loss.detach()));
+}
+
+// An input is read where it lies: the plugin's tensor is the caller's memory.
+TEST(CApiConformance, InputsAreReadInPlace) {
+  const at::Tensor x = at::arange(24, at::kFloat).view({2, 3, 4}).transpose(1, 2);
+  DLManagedTensorVersioned* m = at::toDLPackVersioned(x);
+  result<at::Tensor> t = c_api::from_dlpack(m, "x");
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t.value().data_ptr(), x.data_ptr());
+  EXPECT_EQ(t.value().strides(), x.strides());
+  EXPECT_TRUE(at::equal(t.value(), x));
+  m->deleter(m);
+}
+
+// Inputs in read-only memory (the caller's DLPack read-only flag, enforced
+// here by the MMU): keel reads them and never writes.
+TEST(CApiConformance, ReadOnlyInputsAreNeverWritten) {
+  const long page = sysconf(_SC_PAGESIZE);
+  const std::size_t n = 2 * 2 * 8 * 16;
+  const std::size_t bytes = ((3 * n * sizeof(float) + page - 1) / page) * page;
+  void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mem, MAP_FAILED);
+  at::manual_seed(15);
+  const at::Tensor all = at::from_blob(mem, {3, 2, 2, 8, 16}, at::kFloat);
+  all.copy_(at::randn({3, 2, 2, 8, 16}));
+  const at::Tensor copy = all.clone();
+  ASSERT_EQ(mprotect(mem, bytes, PROT_READ), 0);
+  const DLDataType f32{kDLFloat, 32, 1};
+  const float* base = static_cast<const float*>(mem);
+  CTensor q = CTensor::view(base, f32, {2, 2, 8, 16}, true),
+          k = CTensor::view(base + n, f32, {2, 2, 8, 16}, true),
+          v = CTensor::view(base + 2 * n, f32, {2, 2, 8, 16}, true);
+  keel::c::AttentionSpec spec;
+  spec.add(keel::c::mask(KEEL_MASK_CAUSAL));
+  keel::c::Result<keel::c::AttentionResult> r = plugin().attention(q, k, v, spec.get(), true);
+  ASSERT_TRUE(r) << r.error().message();
+  AttentionSpec v1;
+  v1.masks.push_back(Mask::causal());
+  result<AttentionOutput> want = attention(copy[0], copy[1], copy[2], v1);
+  ASSERT_TRUE(want);
+  EXPECT_TRUE(bitwise(from(r.value().out), want.value().out));
+  EXPECT_TRUE(at::equal(all, copy));
+  munmap(mem, bytes);
+}
+
+// The struct-size rule: a newer caller's larger struct is accepted (its
+// appended fields ignored), a struct is read only up to its size, and one
+// smaller than its first release's is invalid_argument.
+TEST(CApiConformance, StructSizesFromOlderAndNewerCallers) {
+  const at::Tensor x = randn({2, 5}, at::kFloat);
+  CTensor cx = dl(x);
+  struct Newer {
+    KEEL_Logsumexp_Args args;
+    double appended_field;
+  } newer;
+  std::memset(&newer, 0, sizeof newer);
+  newer.args.struct_size = sizeof newer;
+  newer.args.input = cx.get();
+  newer.args.dim = 1;
+  newer.appended_field = 1e300;
+  const KEEL_Api* api = plugin().api();
+  ASSERT_EQ(api->KEEL_Logsumexp(&newer.args), nullptr);
+  CTensor value = CTensor::adopt(newer.args.value);
+  EXPECT_TRUE(bitwise(from(value), at::logsumexp(x, 1)));
+
+  // A caller's struct of exactly 0.1's size: whatever lies past it (here
+  // 0xff bytes) is never read. One smaller than 0.1's is invalid_argument.
+  struct {
+    KEEL_AttentionSpec spec;
+    unsigned char past[64];
+  } older;
+  std::memset(&older, 0xff, sizeof older);
+  KEEL_AttentionSpec& spec = older.spec;
+  std::memset(&spec, 0, KEEL_STRUCT_SIZE(KEEL_AttentionSpec, backend));
+  spec.struct_size = KEEL_STRUCT_SIZE(KEEL_AttentionSpec, backend);
+  const at::Tensor q = randn({1, 1, 3, 4}, at::kFloat);
+  CTensor cq = dl(q);
+  KEEL_Attention_Forward_Args fa;
+  std::memset(&fa, 0, sizeof fa);
+  fa.struct_size = sizeof fa;
+  fa.q = fa.k = fa.v = cq.get();
+  fa.spec = &spec;
+  KEEL_Error* e = api->KEEL_Attention_Forward(&fa);
+  ASSERT_EQ(e, nullptr);
+  CTensor out = CTensor::adopt(fa.out);
+  result<AttentionOutput> want = attention(q, q, q);
+  ASSERT_TRUE(want);
+  EXPECT_TRUE(bitwise(from(out), want.value().out));
+  spec.struct_size = KEEL_STRUCT_SIZE(KEEL_AttentionSpec, bias);
+  e = api->KEEL_Attention_Forward(&fa);
+  ASSERT_NE(e, nullptr);
+  KEEL_Error_GetCode_Args code;
+  std::memset(&code, 0, sizeof code);
+  code.struct_size = sizeof code;
+  code.error = e;
+  api->KEEL_Error_GetCode(&code);
+  EXPECT_EQ(code.code, KEEL_ERRC_INVALID_ARGUMENT);
+  KEEL_Error_Destroy_Args destroy{sizeof(KEEL_Error_Destroy_Args), nullptr, e};
+  api->KEEL_Error_Destroy(&destroy);
+}
+
+struct BadCall {
+  const char* name;
+  std::function<KEEL_Error*(const KEEL_Api*, CTensor&)> call;
+  std::int32_t code;
+  const char* names;  // what the message must name
+};
+
+class CApiBadInput : public ::testing::TestWithParam<BadCall> {};
+
+TEST_P(CApiBadInput, IsAnErrorValueNamingTheArgument) {
+  const BadCall& c = GetParam();
+  CTensor x = dl(randn({1, 2, 3, 4}, at::kFloat));
+  KEEL_Error* e = c.call(plugin().api(), x);
+  ASSERT_NE(e, nullptr);
+  const KEEL_Api* api = plugin().api();
+  KEEL_Error_GetCode_Args code{sizeof(KEEL_Error_GetCode_Args), nullptr, e, 0};
+  api->KEEL_Error_GetCode(&code);
+  KEEL_Error_Message_Args msg{sizeof(KEEL_Error_Message_Args), nullptr, e, nullptr, 0};
+  api->KEEL_Error_Message(&msg);
+  EXPECT_EQ(code.code, c.code) << msg.message;
+  EXPECT_NE(std::string(msg.message).find(c.names), std::string::npos) << msg.message;
+  KEEL_Error_Destroy_Args destroy{sizeof(KEEL_Error_Destroy_Args), nullptr, e};
+  api->KEEL_Error_Destroy(&destroy);
+}
+
+KEEL_Attention_Forward_Args forward_args(CTensor& x) {
+  KEEL_Attention_Forward_Args a;
+  std::memset(&a, 0, sizeof a);
+  a.struct_size = sizeof a;
+  a.q = a.k = a.v = x.get();
+  return a;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, CApiBadInput,
+    ::testing::Values(BadCall{"null_args",
+                              [](const KEEL_Api* api, CTensor&) {
+                                return api->KEEL_Attention_Forward(nullptr);
+                              },
+                              KEEL_ERRC_INVALID_ARGUMENT, "is NULL"},
+                      BadCall{"struct_size_zero",
+                              [](const KEEL_Api* api, CTensor& x) {
+                                KEEL_Attention_Forward_Args a = forward_args(x);
+                                a.struct_size = 0;
+                                return api->KEEL_Attention_Forward(&a);
+                              },
+                              KEEL_ERRC_INVALID_ARGUMENT, "struct_size"},
+                      BadCall{"null_q",
+                              [](const KEEL_Api* api, CTensor& x) {
+                                KEEL_Attention_Forward_Args a = forward_args(x);
+                                a.q = nullptr;
+                                return api->KEEL_Attention_Forward(&a);
+                              },
+                              KEEL_ERRC_INVALID_ARGUMENT, "q: is NULL"},
+                      BadCall{"dlpack_major_2",
+                              [](const KEEL_Api* api, CTensor& x) {
+                                KEEL_Attention_Forward_Args a = forward_args(x);
+                                x.get()->version.major = 2;
+                                return api->KEEL_Attention_Forward(&a);
+                              },
+                              KEEL_ERRC_INVALID_ARGUMENT, "DLPack 2."},
+                      BadCall{"dtype_lanes",
+                              [](const KEEL_Api* api, CTensor& x) {
+                                KEEL_Attention_Forward_Args a = forward_args(x);
+                                x.get()->dl_tensor.dtype.lanes = 4;
+                                return api->KEEL_Attention_Forward(&a);
+                              },
+                              KEEL_ERRC_INVALID_ARGUMENT, "lanes 4"},
+                      BadCall{"negative_size",
+                              [](const KEEL_Api* api, CTensor& x) {
+                                KEEL_Attention_Forward_Args a = forward_args(x);
+                                x.get()->dl_tensor.shape[1] = -2;
+                                return api->KEEL_Attention_Forward(&a);
+                              },
+                              KEEL_ERRC_INVALID_ARGUMENT, "negative size"},
+                      BadCall{"cuda_tensor_on_cpu_plugin",
+                              [](const KEEL_Api* api, CTensor& x) {
+                                KEEL_Attention_Forward_Args a = forward_args(x);
+                                x.get()->dl_tensor.device.device_type = kDLCUDA;
+                                return api->KEEL_Attention_Forward(&a);
+                              },
+                              KEEL_ERRC_UNSUPPORTED, "CUDA"},
+                      BadCall{"stream_for_cpu",
+                              [](const KEEL_Api* api, CTensor& x) {
+                                KEEL_Attention_Forward_Args a = forward_args(x);
+                                a.stream = &a;
+                                return api->KEEL_Attention_Forward(&a);
+                              },
+                              KEEL_ERRC_INVALID_ARGUMENT, "stream"},
+                      BadCall{"mask_kind_out_of_range",
+                              [](const KEEL_Api* api, CTensor& x) {
+                                KEEL_Attention_Forward_Args a = forward_args(x);
+                                static KEEL_Mask m = keel::c::mask(KEEL_MASK_CAUSAL);
+                                m.kind = 99;
+                                static const KEEL_Mask* list[] = {&m};
+                                static KEEL_AttentionSpec s;
+                                std::memset(&s, 0, sizeof s);
+                                s.struct_size = sizeof s;
+                                s.masks = list;
+                                s.num_masks = 1;
+                                a.spec = &s;
+                                return api->KEEL_Attention_Forward(&a);
+                              },
+                              KEEL_ERRC_INVALID_ARGUMENT, "spec.masks[0].kind"},
+                      BadCall{"v1_validation_crosses",
+                              [](const KEEL_Api* api, CTensor& x) {
+                                KEEL_Attention_Forward_Args a = forward_args(x);
+                                static CTensor k = dl(at::randn({1, 2, 3, 5}));
+                                a.k = k.get();
+                                return api->KEEL_Attention_Forward(&a);
+                              },
+                              KEEL_ERRC_INVALID_ARGUMENT, "attention"},
+                      BadCall{"loss_reduction_out_of_range",
+                              [](const KEEL_Api* api, CTensor& x) {
+                                KEEL_LinearCrossEntropy_Forward_Args a;
+                                std::memset(&a, 0, sizeof a);
+                                a.struct_size = sizeof a;
+                                a.hidden = a.weight = a.target = x.get();
+                                static KEEL_LinearCrossEntropy_Options o;
+                                std::memset(&o, 0, sizeof o);
+                                o.struct_size = sizeof o;
+                                o.reduction = 7;
+                                a.options = &o;
+                                return api->KEEL_LinearCrossEntropy_Forward(&a);
+                              },
+                              KEEL_ERRC_INVALID_ARGUMENT, "options.reduction"},
+                      BadCall{"unknown_backend",
+                              [](const KEEL_Api* api, CTensor& x) {
+                                KEEL_Logsumexp_Args a;
+                                std::memset(&a, 0, sizeof a);
+                                a.struct_size = sizeof a;
+                                a.input = x.get();
+                                a.backend = 9;
+                                return api->KEEL_Logsumexp(&a);
+                              },
+                              KEEL_ERRC_INVALID_ARGUMENT, "backend"}),
+    [](const ::testing::TestParamInfo<BadCall>& info) { return std::string(info.param.name); });
+
+// ------------------------------------------------------------ the loader
+
+std::string temp_file(const std::string& name, const std::string& bytes) {
+  const std::string path = ::testing::TempDir() + "keel-c-api-" + name;
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+std::string read_all(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+struct BadPlugin {
+  const char* name;
+  std::function<keel::c::LoadOptions()> options;
+  std::int32_t code;
+  const char* says;
+};
+
+class CApiLoader : public ::testing::TestWithParam<BadPlugin> {};
+
+TEST_P(CApiLoader, RefusesWithTheReason) {
+  keel::c::Result<keel::c::Plugin> r = keel::c::Plugin::load(GetParam().options());
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code(), GetParam().code) << r.error().message();
+  EXPECT_NE(r.error().message().find(GetParam().says), std::string::npos) << r.error().message();
+}
+
+keel::c::LoadOptions path_option(const std::string& path) {
+  keel::c::LoadOptions o;
+  o.plugin_path = path;
+  return o;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, CApiLoader,
+    ::testing::Values(
+        BadPlugin{"missing_file", [] { return path_option("/nonexistent/libkeel-plugin.so"); },
+                  KEEL_ERRC_IO_ERROR, "No such file"},
+        BadPlugin{"not_elf", [] { return path_option(temp_file("text.so", "not a library\n")); },
+                  KEEL_ERRC_CORRUPT_DATA, "not an ELF file"},
+        BadPlugin{"truncated_plugin",
+                  [] {
+                    return path_option(
+                        temp_file("truncated.so", read_all(KEEL_PLUGIN_FILE).substr(0, 4096)));
+                  },
+                  KEEL_ERRC_CORRUPT_DATA, "truncated"},
+        BadPlugin{"a_library_that_is_no_plugin", [] { return path_option(KEEL_LOADER_FILE); },
+                  KEEL_ERRC_CORRUPT_DATA, "not a keel plugin"},
+        BadPlugin{"plugin_of_another_release",
+                  [] {
+                    std::string bytes = read_all(KEEL_PLUGIN_FILE);
+                    const std::string from =
+                        std::string("release=") + KEEL_TEST_TORCH_RELEASE + "\n";
+                    std::string to = from;
+                    to[8] = to[8] == '9' ? '8' : '9';  // 2.15.0 -> 9.15.0: same length
+                    const auto at = bytes.find(from);
+                    if (at != std::string::npos) bytes.replace(at, from.size(), to);
+                    return path_option(temp_file("other-release.so", bytes));
+                  },
+                  KEEL_ERRC_UNSUPPORTED, "already runs libtorch " KEEL_TEST_TORCH_RELEASE},
+        BadPlugin{"asked_release_differs",
+                  [] {
+                    keel::c::LoadOptions o = path_option(KEEL_PLUGIN_FILE);
+                    o.torch_release = "1.13.0";
+                    return o;
+                  },
+                  KEEL_ERRC_UNSUPPORTED, "not the 1.13.0 asked for"},
+        BadPlugin{"no_plugin_for_release",
+                  [] {
+                    keel::c::LoadOptions o;
+                    o.torch_release = "2.8.0";
+                    o.plugin_dir = ::testing::TempDir();
+                    return o;
+                  },
+                  KEEL_ERRC_IO_ERROR, "libkeel-plugin-2.8.0-cpu.so"}),
+    [](const ::testing::TestParamInfo<BadPlugin>& info) { return std::string(info.param.name); });
+
+TEST(CApiConformance, LoaderFindsThePluginByReleaseAndReturnsTheSameTable) {
+  keel::c::LoadOptions o;
+  o.torch_release = KEEL_TEST_TORCH_RELEASE;
+  o.plugin_dir = KEEL_PLUGIN_DIR;
+  keel::c::Result<keel::c::Plugin> r = keel::c::Plugin::load(o);
+  ASSERT_TRUE(r) << r.error().message();
+  EXPECT_EQ(r.value().api(), plugin().api());
+  KEEL_LoadOptions small;
+  std::memset(&small, 0, sizeof small);
+  small.struct_size = 8;
+  EXPECT_EQ(keel_load_plugin(&small), KEEL_ERRC_INVALID_ARGUMENT);
+  EXPECT_EQ(keel_load_plugin(nullptr), KEEL_ERRC_INVALID_ARGUMENT);
+}
+
+}  // namespace
+}  // namespace keel
