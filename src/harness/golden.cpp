@@ -70,8 +70,8 @@ OutputCheck check_output(const std::string& name, const at::Tensor& got, const a
   if (!values.pass && values.exact) {
     const WorstElement& first = values.worst.front();
     check.detail = absl::StrCat("output '", name, "' ", internal::dtype_name(want), " at [",
-                                absl::StrJoin(first.index, ", "), "]: ", first.b_int,
-                                ", recorded ", first.a_int, " (", values.mismatched,
+                                absl::StrJoin(first.index, ", "), "]: ", first.b_int, ", recorded ",
+                                first.a_int, " (", values.mismatched,
                                 " elements differ; integer outputs must match exactly)");
   }
   return check;

@@ -225,7 +225,8 @@ nlohmann::json to_json(const DiffReport& report) {
     nlohmann::json worst = nlohmann::json::array();
     for (const WorstElement& w : d.values.worst) {
       if (d.values.exact) {
-        worst.push_back({{"index", w.index}, {"a", w.a_int}, {"b", w.b_int}, {"abs_diff", w.abs_diff}});
+        worst.push_back(
+            {{"index", w.index}, {"a", w.a_int}, {"b", w.b_int}, {"abs_diff", w.abs_diff}});
       } else {
         worst.push_back({{"index", w.index}, {"a", w.a}, {"b", w.b}, {"abs_diff", w.abs_diff}});
       }
