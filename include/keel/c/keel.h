@@ -224,57 +224,58 @@ typedef enum KEEL_Alignment {
 /// One mask term (`keel::Mask`); the fields a kind reads are named there,
 /// the others are ignored. Tensors are borrowed inputs.
 typedef struct KEEL_Mask {
-  size_t struct_size;                            ///< This struct's size.
-  int32_t kind;                                  ///< A `KEEL_MaskKind`.
-  int32_t alignment;                             ///< A `KEEL_Alignment` (position-based kinds).
-  int64_t window_left;                           ///< sliding_window, >= 0.
-  int64_t window_right;                          ///< sliding_window, >= 0.
-  int64_t chunk_size;                            ///< chunked_causal, > 0.
-  DLManagedTensorVersioned* prefix_lengths;      ///< prefix_lm: integer `[B]`.
-  DLManagedTensorVersioned* q_document_ids;      ///< document: integer `[B, Lq]`.
-  DLManagedTensorVersioned* kv_document_ids;     ///< document: integer `[B, Lk]`.
-  DLManagedTensorVersioned* kv_lengths;          ///< key_padding: integer `[B]`.
-  DLManagedTensorVersioned* kv_num_blocks;       ///< block: int32 `[B|1, Hq|1, Qb]`.
-  DLManagedTensorVersioned* kv_indices;          ///< block: int32 `[B|1, Hq|1, Qb, KVb]`.
-  DLManagedTensorVersioned* full_kv_num_blocks;  ///< block, optional: int32 `[B|1, Hq|1, Qb]`.
-  DLManagedTensorVersioned* full_kv_indices;     ///< block, optional: int32 `[..., Qb, KVb']`.
-  int64_t q_block_size;                          ///< block: query rows per block; 0 means 128.
-  int64_t kv_block_size;                         ///< block: keys per block; 0 means 128.
-  DLManagedTensorVersioned* tensor;  ///< tensor: bool, broadcastable to `[B, Hq, Lq, Lk]`.
+  size_t struct_size;                                ///< This struct's size.
+  int32_t kind;                                      ///< A `KEEL_MaskKind`.
+  int32_t alignment;                                 ///< A `KEEL_Alignment` (position-based kinds).
+  int64_t window_left;                               ///< sliding_window, >= 0.
+  int64_t window_right;                              ///< sliding_window, >= 0.
+  int64_t chunk_size;                                ///< chunked_causal, > 0.
+  struct DLManagedTensorVersioned* prefix_lengths;   ///< prefix_lm: integer `[B]`.
+  struct DLManagedTensorVersioned* q_document_ids;   ///< document: integer `[B, Lq]`.
+  struct DLManagedTensorVersioned* kv_document_ids;  ///< document: integer `[B, Lk]`.
+  struct DLManagedTensorVersioned* kv_lengths;       ///< key_padding: integer `[B]`.
+  struct DLManagedTensorVersioned* kv_num_blocks;    ///< block: int32 `[B|1, Hq|1, Qb]`.
+  struct DLManagedTensorVersioned* kv_indices;       ///< block: int32 `[B|1, Hq|1, Qb, KVb]`.
+  struct DLManagedTensorVersioned*
+      full_kv_num_blocks;                            ///< block, optional: int32 `[B|1, Hq|1, Qb]`.
+  struct DLManagedTensorVersioned* full_kv_indices;  ///< block, optional: int32 `[..., Qb, KVb']`.
+  int64_t q_block_size;                              ///< block: query rows per block; 0 means 128.
+  int64_t kv_block_size;                             ///< block: keys per block; 0 means 128.
+  struct DLManagedTensorVersioned* tensor;  ///< tensor: bool, broadcastable to `[B, Hq, Lq, Lk]`.
 } KEEL_Mask;
 
 /// What attention computes (`keel::AttentionSpec`). A NULL spec, or a
 /// zeroed one with its `struct_size` set, is plain softmax attention with
 /// scale 1/sqrt(E).
 typedef struct KEEL_AttentionSpec {
-  size_t struct_size;                      ///< This struct's size.
-  KEEL_Extension_Base* extension_start;    ///< Extensions, or NULL.
-  const KEEL_Mask* const* masks;           ///< `num_masks` terms (each sized by its own
-                                           ///< `struct_size`), or NULL.
-  size_t num_masks;                        ///< How many terms.
-  int32_t combine_any;                     ///< 0: a key is visible when every term keeps it;
-                                           ///< 1: when any does.
-  double scale;                            ///< <= 0 means 1/sqrt(E).
-  double softcap;                          ///< tanh soft-capping; 0 is off.
-  DLManagedTensorVersioned* alibi_slopes;  ///< Optional float `[Hq]`.
-  int32_t alibi_alignment;                 ///< A `KEEL_Alignment` for ALiBi.
-  DLManagedTensorVersioned* bias;          ///< Optional additive bias, broadcastable to
-                                           ///< `[B, Hq, Lq, Lk]`, q's dtype.
-  int32_t backend;                         ///< A `KEEL_Backend`.
+  size_t struct_size;                             ///< This struct's size.
+  KEEL_Extension_Base* extension_start;           ///< Extensions, or NULL.
+  const KEEL_Mask* const* masks;                  ///< `num_masks` terms (each sized by its own
+                                                  ///< `struct_size`), or NULL.
+  size_t num_masks;                               ///< How many terms.
+  int32_t combine_any;                            ///< 0: a key is visible when every term keeps it;
+                                                  ///< 1: when any does.
+  double scale;                                   ///< <= 0 means 1/sqrt(E).
+  double softcap;                                 ///< tanh soft-capping; 0 is off.
+  struct DLManagedTensorVersioned* alibi_slopes;  ///< Optional float `[Hq]`.
+  int32_t alibi_alignment;                        ///< A `KEEL_Alignment` for ALiBi.
+  struct DLManagedTensorVersioned* bias;          ///< Optional additive bias, broadcastable to
+                                                  ///< `[B, Hq, Lq, Lk]`, q's dtype.
+  int32_t backend;                                ///< A `KEEL_Backend`.
 } KEEL_AttentionSpec;
 
 /// Arguments of `KEEL_Attention_Forward`.
 typedef struct KEEL_Attention_Forward_Args {
   size_t struct_size;                    ///< This struct's size.
   KEEL_Extension_Base* extension_start;  ///< Extensions, or NULL.
-  DLManagedTensorVersioned* q;           ///< `[B, Hq, Lq, E]`.
-  DLManagedTensorVersioned* k;           ///< `[B, Hkv, Lk, E]`, Hq % Hkv == 0.
-  DLManagedTensorVersioned* v;           ///< `[B, Hkv, Lk, Ev]`.
+  struct DLManagedTensorVersioned* q;    ///< `[B, Hq, Lq, E]`.
+  struct DLManagedTensorVersioned* k;    ///< `[B, Hkv, Lk, E]`, Hq % Hkv == 0.
+  struct DLManagedTensorVersioned* v;    ///< `[B, Hkv, Lk, Ev]`.
   const KEEL_AttentionSpec* spec;        ///< The masks and modifiers, or NULL.
   int32_t return_lse;                    ///< Nonzero: also return `lse`.
   void* stream;                          ///< The CUDA stream; NULL for CPU tensors.
-  DLManagedTensorVersioned* out;         ///< Out: `[B, Hq, Lq, Ev]`, q's dtype.
-  DLManagedTensorVersioned* lse;         ///< Out: `[B, Hq, Lq]` float32 (float64 for
+  struct DLManagedTensorVersioned* out;  ///< Out: `[B, Hq, Lq, Ev]`, q's dtype.
+  struct DLManagedTensorVersioned* lse;  ///< Out: `[B, Hq, Lq]` float32 (float64 for
                                          ///< float64), when `return_lse`; else NULL.
   int32_t served_backend;                ///< Out: the `KEEL_Backend` that served it.
 } KEEL_Attention_Forward_Args;
@@ -285,18 +286,18 @@ typedef KEEL_Error* KEEL_Attention_Forward_Fn(KEEL_Attention_Forward_Args* args)
 
 /// Arguments of `KEEL_Attention_Backward`.
 typedef struct KEEL_Attention_Backward_Args {
-  size_t struct_size;                    ///< This struct's size.
-  KEEL_Extension_Base* extension_start;  ///< Extensions, or NULL.
-  DLManagedTensorVersioned* q;           ///< As the forward's.
-  DLManagedTensorVersioned* k;           ///< As the forward's.
-  DLManagedTensorVersioned* v;           ///< As the forward's.
-  const KEEL_AttentionSpec* spec;        ///< As the forward's.
-  DLManagedTensorVersioned* dout;        ///< The gradient of `out`, `[B, Hq, Lq, Ev]`.
-  void* stream;                          ///< The CUDA stream; NULL for CPU tensors.
-  DLManagedTensorVersioned* dq;          ///< Out: `[B, Hq, Lq, E]`.
-  DLManagedTensorVersioned* dk;          ///< Out: `[B, Hkv, Lk, E]`.
-  DLManagedTensorVersioned* dv;          ///< Out: `[B, Hkv, Lk, Ev]`.
-  DLManagedTensorVersioned* dbias;       ///< Out: bias's shape, when the spec has a bias.
+  size_t struct_size;                      ///< This struct's size.
+  KEEL_Extension_Base* extension_start;    ///< Extensions, or NULL.
+  struct DLManagedTensorVersioned* q;      ///< As the forward's.
+  struct DLManagedTensorVersioned* k;      ///< As the forward's.
+  struct DLManagedTensorVersioned* v;      ///< As the forward's.
+  const KEEL_AttentionSpec* spec;          ///< As the forward's.
+  struct DLManagedTensorVersioned* dout;   ///< The gradient of `out`, `[B, Hq, Lq, Ev]`.
+  void* stream;                            ///< The CUDA stream; NULL for CPU tensors.
+  struct DLManagedTensorVersioned* dq;     ///< Out: `[B, Hq, Lq, E]`.
+  struct DLManagedTensorVersioned* dk;     ///< Out: `[B, Hkv, Lk, E]`.
+  struct DLManagedTensorVersioned* dv;     ///< Out: `[B, Hkv, Lk, Ev]`.
+  struct DLManagedTensorVersioned* dbias;  ///< Out: bias's shape, when the spec has a bias.
 } KEEL_Attention_Backward_Args;
 /// The gradients of `sum(out * dout)` with respect to q, k, v and the bias,
 /// as `keel::v1`'s autograd gives them. The plugin recomputes the forward
@@ -305,19 +306,19 @@ typedef KEEL_Error* KEEL_Attention_Backward_Fn(KEEL_Attention_Backward_Args* arg
 
 /// Arguments of `KEEL_Attention_Paged`.
 typedef struct KEEL_Attention_Paged_Args {
-  size_t struct_size;                    ///< This struct's size.
-  KEEL_Extension_Base* extension_start;  ///< Extensions, or NULL.
-  DLManagedTensorVersioned* q;           ///< `[B, Hq, Lq, E]`.
-  DLManagedTensorVersioned* k_pages;     ///< `[P, Hkv, page_size, E]`.
-  DLManagedTensorVersioned* v_pages;     ///< `[P, Hkv, page_size, Ev]`.
-  DLManagedTensorVersioned* page_table;  ///< Integer `[B, max_pages]`.
-  DLManagedTensorVersioned* lengths;     ///< Integer `[B]`.
-  const KEEL_AttentionSpec* spec;        ///< Masks and modifiers (no block mask), or NULL.
-  int32_t return_lse;                    ///< Nonzero: also return `lse`.
-  void* stream;                          ///< The CUDA stream; NULL for CPU tensors.
-  DLManagedTensorVersioned* out;         ///< Out: `[B, Hq, Lq, Ev]`.
-  DLManagedTensorVersioned* lse;         ///< Out: `[B, Hq, Lq]` when `return_lse`.
-  int32_t served_backend;                ///< Out: the `KEEL_Backend` that served it.
+  size_t struct_size;                           ///< This struct's size.
+  KEEL_Extension_Base* extension_start;         ///< Extensions, or NULL.
+  struct DLManagedTensorVersioned* q;           ///< `[B, Hq, Lq, E]`.
+  struct DLManagedTensorVersioned* k_pages;     ///< `[P, Hkv, page_size, E]`.
+  struct DLManagedTensorVersioned* v_pages;     ///< `[P, Hkv, page_size, Ev]`.
+  struct DLManagedTensorVersioned* page_table;  ///< Integer `[B, max_pages]`.
+  struct DLManagedTensorVersioned* lengths;     ///< Integer `[B]`.
+  const KEEL_AttentionSpec* spec;               ///< Masks and modifiers (no block mask), or NULL.
+  int32_t return_lse;                           ///< Nonzero: also return `lse`.
+  void* stream;                                 ///< The CUDA stream; NULL for CPU tensors.
+  struct DLManagedTensorVersioned* out;         ///< Out: `[B, Hq, Lq, Ev]`.
+  struct DLManagedTensorVersioned* lse;         ///< Out: `[B, Hq, Lq]` when `return_lse`.
+  int32_t served_backend;                       ///< Out: the `KEEL_Backend` that served it.
 } KEEL_Attention_Paged_Args;
 /// `keel::attention(q, PagedKVCache{...}, spec)`: attention against a paged
 /// cache, pages read where they lie (an inference call).
@@ -327,15 +328,15 @@ typedef KEEL_Error* KEEL_Attention_Paged_Fn(KEEL_Attention_Paged_Args* args);
 
 /// Arguments of `KEEL_Logsumexp`.
 typedef struct KEEL_Logsumexp_Args {
-  size_t struct_size;                    ///< This struct's size.
-  KEEL_Extension_Base* extension_start;  ///< Extensions, or NULL.
-  DLManagedTensorVersioned* input;       ///< Floating input.
-  int64_t dim;                           ///< The reduced dimension (negative counts from the end).
-  int32_t keepdim;                       ///< Nonzero: keep it with size 1.
-  DLManagedTensorVersioned* mask;        ///< Optional bool, broadcastable to `input`.
-  int32_t backend;                       ///< A `KEEL_Backend`.
-  DLManagedTensorVersioned* value;       ///< Out: the log-sum-exp.
-  int32_t served_backend;                ///< Out: the `KEEL_Backend` that served it.
+  size_t struct_size;                      ///< This struct's size.
+  KEEL_Extension_Base* extension_start;    ///< Extensions, or NULL.
+  struct DLManagedTensorVersioned* input;  ///< Floating input.
+  int64_t dim;                            ///< The reduced dimension (negative counts from the end).
+  int32_t keepdim;                        ///< Nonzero: keep it with size 1.
+  struct DLManagedTensorVersioned* mask;  ///< Optional bool, broadcastable to `input`.
+  int32_t backend;                        ///< A `KEEL_Backend`.
+  struct DLManagedTensorVersioned* value;  ///< Out: the log-sum-exp.
+  int32_t served_backend;                  ///< Out: the `KEEL_Backend` that served it.
 } KEEL_Logsumexp_Args;
 /// `keel::logsumexp(input, {dim, keepdim, mask})`.
 typedef KEEL_Error* KEEL_Logsumexp_Fn(KEEL_Logsumexp_Args* args);
@@ -352,36 +353,36 @@ typedef enum KEEL_Reduction {
 /// The options of the fused loss (`keel::LinearCrossEntropyOptions`); a
 /// NULL options pointer means every default.
 typedef struct KEEL_LinearCrossEntropy_Options {
-  size_t struct_size;                       ///< This struct's size.
-  KEEL_Extension_Base* extension_start;     ///< Extensions, or NULL.
-  int32_t reduction;                        ///< A `KEEL_Reduction` (default mean).
-  int64_t ignore_index;                     ///< Targets to ignore (keel's default is -100:
-                                            ///< set it; 0 is a valid class).
-  double label_smoothing;                   ///< In [0, 1].
-  DLManagedTensorVersioned* class_weights;  ///< Optional `[V]`.
-  double z_loss;                            ///< z-loss coefficient; 0 is off.
-  double logit_softcap;                     ///< tanh cap of the logits; 0 is off.
-  DLManagedTensorVersioned* bias;           ///< Optional `[V]`.
-  int64_t chunk_size;                       ///< Tokens per chunk; 0 chooses.
-  int64_t vocab_chunk_size;                 ///< Classes per chunk; 0 chooses.
-  int64_t chunk_budget_bytes;               ///< Logit memory per chunk; 0 is the default.
-  int32_t return_per_token_loss;            ///< Nonzero: also `per_token_loss`.
-  int32_t return_lse;                       ///< Nonzero: also `lse`.
-  int32_t backend;                          ///< A `KEEL_Backend`.
+  size_t struct_size;                              ///< This struct's size.
+  KEEL_Extension_Base* extension_start;            ///< Extensions, or NULL.
+  int32_t reduction;                               ///< A `KEEL_Reduction` (default mean).
+  int64_t ignore_index;                            ///< Targets to ignore (keel's default is -100:
+                                                   ///< set it; 0 is a valid class).
+  double label_smoothing;                          ///< In [0, 1].
+  struct DLManagedTensorVersioned* class_weights;  ///< Optional `[V]`.
+  double z_loss;                                   ///< z-loss coefficient; 0 is off.
+  double logit_softcap;                            ///< tanh cap of the logits; 0 is off.
+  struct DLManagedTensorVersioned* bias;           ///< Optional `[V]`.
+  int64_t chunk_size;                              ///< Tokens per chunk; 0 chooses.
+  int64_t vocab_chunk_size;                        ///< Classes per chunk; 0 chooses.
+  int64_t chunk_budget_bytes;                      ///< Logit memory per chunk; 0 is the default.
+  int32_t return_per_token_loss;                   ///< Nonzero: also `per_token_loss`.
+  int32_t return_lse;                              ///< Nonzero: also `lse`.
+  int32_t backend;                                 ///< A `KEEL_Backend`.
 } KEEL_LinearCrossEntropy_Options;
 
 /// Arguments of `KEEL_LinearCrossEntropy_Forward`.
 typedef struct KEEL_LinearCrossEntropy_Forward_Args {
-  size_t struct_size;                              ///< This struct's size.
-  KEEL_Extension_Base* extension_start;            ///< Extensions, or NULL.
-  DLManagedTensorVersioned* hidden;                ///< `[N, D]`.
-  DLManagedTensorVersioned* weight;                ///< `[V, D]`.
-  DLManagedTensorVersioned* target;                ///< Integer `[N]`.
-  const KEEL_LinearCrossEntropy_Options* options;  ///< Or NULL.
-  DLManagedTensorVersioned* loss;                  ///< Out: the reduced loss (`[N]` for none).
-  DLManagedTensorVersioned* per_token_loss;        ///< Out, when asked: `[N]`.
-  DLManagedTensorVersioned* lse;                   ///< Out, when asked: `[N]`.
-  int32_t served_backend;                          ///< Out: the `KEEL_Backend` that served it.
+  size_t struct_size;                               ///< This struct's size.
+  KEEL_Extension_Base* extension_start;             ///< Extensions, or NULL.
+  struct DLManagedTensorVersioned* hidden;          ///< `[N, D]`.
+  struct DLManagedTensorVersioned* weight;          ///< `[V, D]`.
+  struct DLManagedTensorVersioned* target;          ///< Integer `[N]`.
+  const KEEL_LinearCrossEntropy_Options* options;   ///< Or NULL.
+  struct DLManagedTensorVersioned* loss;            ///< Out: the reduced loss (`[N]` for none).
+  struct DLManagedTensorVersioned* per_token_loss;  ///< Out, when asked: `[N]`.
+  struct DLManagedTensorVersioned* lse;             ///< Out, when asked: `[N]`.
+  int32_t served_backend;                           ///< Out: the `KEEL_Backend` that served it.
 } KEEL_LinearCrossEntropy_Forward_Args;
 /// `keel::linear_cross_entropy(hidden, weight, target, options)`, forward.
 typedef KEEL_Error* KEEL_LinearCrossEntropy_Forward_Fn(KEEL_LinearCrossEntropy_Forward_Args* args);
@@ -390,18 +391,18 @@ typedef KEEL_Error* KEEL_LinearCrossEntropy_Forward_Fn(KEEL_LinearCrossEntropy_F
 typedef struct KEEL_LinearCrossEntropy_ForwardBackward_Args {
   size_t struct_size;                              ///< This struct's size.
   KEEL_Extension_Base* extension_start;            ///< Extensions, or NULL.
-  DLManagedTensorVersioned* hidden;                ///< `[N, D]`.
-  DLManagedTensorVersioned* weight;                ///< `[V, D]`.
-  DLManagedTensorVersioned* target;                ///< Integer `[N]`.
+  struct DLManagedTensorVersioned* hidden;         ///< `[N, D]`.
+  struct DLManagedTensorVersioned* weight;         ///< `[V, D]`.
+  struct DLManagedTensorVersioned* target;         ///< Integer `[N]`.
   const KEEL_LinearCrossEntropy_Options* options;  ///< Or NULL.
-  DLManagedTensorVersioned* dloss;  ///< The gradient of `loss` (its shape); NULL means ones.
-  DLManagedTensorVersioned* loss;   ///< Out: as the forward's.
-  DLManagedTensorVersioned* per_token_loss;  ///< Out, when asked.
-  DLManagedTensorVersioned* lse;             ///< Out, when asked.
-  DLManagedTensorVersioned* dhidden;         ///< Out: `[N, D]`.
-  DLManagedTensorVersioned* dweight;         ///< Out: `[V, D]`.
-  DLManagedTensorVersioned* dbias;           ///< Out: `[V]`, when the options have a bias.
-  int32_t served_backend;                    ///< Out: the `KEEL_Backend` that served it.
+  struct DLManagedTensorVersioned* dloss;  ///< The gradient of `loss` (its shape); NULL means ones.
+  struct DLManagedTensorVersioned* loss;   ///< Out: as the forward's.
+  struct DLManagedTensorVersioned* per_token_loss;  ///< Out, when asked.
+  struct DLManagedTensorVersioned* lse;             ///< Out, when asked.
+  struct DLManagedTensorVersioned* dhidden;         ///< Out: `[N, D]`.
+  struct DLManagedTensorVersioned* dweight;         ///< Out: `[V, D]`.
+  struct DLManagedTensorVersioned* dbias;           ///< Out: `[V]`, when the options have a bias.
+  int32_t served_backend;                           ///< Out: the `KEEL_Backend` that served it.
 } KEEL_LinearCrossEntropy_ForwardBackward_Args;
 /// The loss and its gradients with respect to hidden, weight and bias in one
 /// call (the fused loss computes them chunk by chunk).
