@@ -401,107 +401,110 @@ KEEL_Attention_Forward_Args forward_args(CTensor& x) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, CApiBadInput,
-    ::testing::Values(BadCall{"null_args",
-                              [](const KEEL_Api* api, CTensor&) {
-                                return api->KEEL_Attention_Forward(nullptr);
-                              },
-                              KEEL_ERRC_INVALID_ARGUMENT, "is NULL"},
-                      BadCall{"struct_size_zero",
-                              [](const KEEL_Api* api, CTensor& x) {
-                                KEEL_Attention_Forward_Args a = forward_args(x);
-                                a.struct_size = 0;
-                                return api->KEEL_Attention_Forward(&a);
-                              },
-                              KEEL_ERRC_INVALID_ARGUMENT, "struct_size"},
-                      BadCall{"null_q",
-                              [](const KEEL_Api* api, CTensor& x) {
-                                KEEL_Attention_Forward_Args a = forward_args(x);
-                                a.q = nullptr;
-                                return api->KEEL_Attention_Forward(&a);
-                              },
-                              KEEL_ERRC_INVALID_ARGUMENT, "q: is NULL"},
-                      BadCall{"dlpack_major_2",
-                              [](const KEEL_Api* api, CTensor& x) {
-                                KEEL_Attention_Forward_Args a = forward_args(x);
-                                x.get()->version.major = 2;
-                                return api->KEEL_Attention_Forward(&a);
-                              },
-                              KEEL_ERRC_INVALID_ARGUMENT, "DLPack 2."},
-                      BadCall{"dtype_lanes",
-                              [](const KEEL_Api* api, CTensor& x) {
-                                KEEL_Attention_Forward_Args a = forward_args(x);
-                                x.get()->dl_tensor.dtype.lanes = 4;
-                                return api->KEEL_Attention_Forward(&a);
-                              },
-                              KEEL_ERRC_INVALID_ARGUMENT, "lanes 4"},
-                      BadCall{"negative_size",
-                              [](const KEEL_Api* api, CTensor& x) {
-                                KEEL_Attention_Forward_Args a = forward_args(x);
-                                x.get()->dl_tensor.shape[1] = -2;
-                                return api->KEEL_Attention_Forward(&a);
-                              },
-                              KEEL_ERRC_INVALID_ARGUMENT, "negative size"},
-                      BadCall{"cuda_tensor_on_cpu_plugin",
-                              [](const KEEL_Api* api, CTensor& x) {
-                                KEEL_Attention_Forward_Args a = forward_args(x);
-                                x.get()->dl_tensor.device.device_type = kDLCUDA;
-                                return api->KEEL_Attention_Forward(&a);
-                              },
-                              KEEL_ERRC_UNSUPPORTED, "CUDA"},
-                      BadCall{"stream_for_cpu",
-                              [](const KEEL_Api* api, CTensor& x) {
-                                KEEL_Attention_Forward_Args a = forward_args(x);
-                                a.stream = &a;
-                                return api->KEEL_Attention_Forward(&a);
-                              },
-                              KEEL_ERRC_INVALID_ARGUMENT, "stream"},
-                      BadCall{"mask_kind_out_of_range",
-                              [](const KEEL_Api* api, CTensor& x) {
-                                KEEL_Attention_Forward_Args a = forward_args(x);
-                                static KEEL_Mask m = keel::c::mask(KEEL_MASK_CAUSAL);
-                                m.kind = 99;
-                                static const KEEL_Mask* list[] = {&m};
-                                static KEEL_AttentionSpec s;
-                                std::memset(&s, 0, sizeof s);
-                                s.struct_size = sizeof s;
-                                s.masks = list;
-                                s.num_masks = 1;
-                                a.spec = &s;
-                                return api->KEEL_Attention_Forward(&a);
-                              },
-                              KEEL_ERRC_INVALID_ARGUMENT, "spec.masks[0].kind"},
-                      BadCall{"v1_validation_crosses",
-                              [](const KEEL_Api* api, CTensor& x) {
-                                KEEL_Attention_Forward_Args a = forward_args(x);
-                                static CTensor k = dl(at::randn({1, 2, 3, 5}));
-                                a.k = k.get();
-                                return api->KEEL_Attention_Forward(&a);
-                              },
-                              KEEL_ERRC_INVALID_ARGUMENT, "attention"},
-                      BadCall{"loss_reduction_out_of_range",
-                              [](const KEEL_Api* api, CTensor& x) {
-                                KEEL_LinearCrossEntropy_Forward_Args a;
-                                std::memset(&a, 0, sizeof a);
-                                a.struct_size = sizeof a;
-                                a.hidden = a.weight = a.target = x.get();
-                                static KEEL_LinearCrossEntropy_Options o;
-                                std::memset(&o, 0, sizeof o);
-                                o.struct_size = sizeof o;
-                                o.reduction = 7;
-                                a.options = &o;
-                                return api->KEEL_LinearCrossEntropy_Forward(&a);
-                              },
-                              KEEL_ERRC_INVALID_ARGUMENT, "options.reduction"},
-                      BadCall{"unknown_backend",
-                              [](const KEEL_Api* api, CTensor& x) {
-                                KEEL_Logsumexp_Args a;
-                                std::memset(&a, 0, sizeof a);
-                                a.struct_size = sizeof a;
-                                a.input = x.get();
-                                a.backend = 9;
-                                return api->KEEL_Logsumexp(&a);
-                              },
-                              KEEL_ERRC_INVALID_ARGUMENT, "backend"}),
+    ::testing::Values(
+        BadCall{"null_args",
+                [](const KEEL_Api* api, CTensor&) { return api->KEEL_Attention_Forward(nullptr); },
+                KEEL_ERRC_INVALID_ARGUMENT, "is NULL"},
+        BadCall{"struct_size_zero",
+                [](const KEEL_Api* api, CTensor& x) {
+                  KEEL_Attention_Forward_Args a = forward_args(x);
+                  a.struct_size = 0;
+                  return api->KEEL_Attention_Forward(&a);
+                },
+                KEEL_ERRC_INVALID_ARGUMENT, "struct_size"},
+        BadCall{"null_q",
+                [](const KEEL_Api* api, CTensor& x) {
+                  KEEL_Attention_Forward_Args a = forward_args(x);
+                  a.q = nullptr;
+                  return api->KEEL_Attention_Forward(&a);
+                },
+                KEEL_ERRC_INVALID_ARGUMENT, "q: is NULL"},
+        BadCall{"dlpack_major_2",
+                [](const KEEL_Api* api, CTensor& x) {
+                  KEEL_Attention_Forward_Args a = forward_args(x);
+                  x.get()->version.major = 2;
+                  return api->KEEL_Attention_Forward(&a);
+                },
+                KEEL_ERRC_INVALID_ARGUMENT, "DLPack 2."},
+        BadCall{"dtype_lanes",
+                [](const KEEL_Api* api, CTensor& x) {
+                  KEEL_Attention_Forward_Args a = forward_args(x);
+                  x.get()->dl_tensor.dtype.lanes = 4;
+                  return api->KEEL_Attention_Forward(&a);
+                },
+                KEEL_ERRC_INVALID_ARGUMENT, "lanes 4"},
+        BadCall{
+            "negative_size",
+            [](const KEEL_Api* api, CTensor& x) {
+              // DLPack 1.0's shape is const: a view of our own.
+              static const float data[1] = {};
+              static CTensor bad = CTensor::view(data, DLDataType{kDLFloat, 32, 1}, {1, -2, 3, 4});
+              KEEL_Attention_Forward_Args a = forward_args(x);
+              a.q = bad.get();
+              return api->KEEL_Attention_Forward(&a);
+            },
+            KEEL_ERRC_INVALID_ARGUMENT, "negative size"},
+        BadCall{"cuda_tensor_on_cpu_plugin",
+                [](const KEEL_Api* api, CTensor& x) {
+                  KEEL_Attention_Forward_Args a = forward_args(x);
+                  x.get()->dl_tensor.device.device_type = kDLCUDA;
+                  return api->KEEL_Attention_Forward(&a);
+                },
+                KEEL_ERRC_UNSUPPORTED, "CUDA"},
+        BadCall{"stream_for_cpu",
+                [](const KEEL_Api* api, CTensor& x) {
+                  KEEL_Attention_Forward_Args a = forward_args(x);
+                  a.stream = &a;
+                  return api->KEEL_Attention_Forward(&a);
+                },
+                KEEL_ERRC_INVALID_ARGUMENT, "stream"},
+        BadCall{"mask_kind_out_of_range",
+                [](const KEEL_Api* api, CTensor& x) {
+                  KEEL_Attention_Forward_Args a = forward_args(x);
+                  static KEEL_Mask m = keel::c::mask(KEEL_MASK_CAUSAL);
+                  m.kind = 99;
+                  static const KEEL_Mask* list[] = {&m};
+                  static KEEL_AttentionSpec s;
+                  std::memset(&s, 0, sizeof s);
+                  s.struct_size = sizeof s;
+                  s.masks = list;
+                  s.num_masks = 1;
+                  a.spec = &s;
+                  return api->KEEL_Attention_Forward(&a);
+                },
+                KEEL_ERRC_INVALID_ARGUMENT, "spec.masks[0].kind"},
+        BadCall{"v1_validation_crosses",
+                [](const KEEL_Api* api, CTensor& x) {
+                  KEEL_Attention_Forward_Args a = forward_args(x);
+                  static CTensor k = dl(at::randn({1, 2, 3, 5}));
+                  a.k = k.get();
+                  return api->KEEL_Attention_Forward(&a);
+                },
+                KEEL_ERRC_INVALID_ARGUMENT, "attention"},
+        BadCall{"loss_reduction_out_of_range",
+                [](const KEEL_Api* api, CTensor& x) {
+                  KEEL_LinearCrossEntropy_Forward_Args a;
+                  std::memset(&a, 0, sizeof a);
+                  a.struct_size = sizeof a;
+                  a.hidden = a.weight = a.target = x.get();
+                  static KEEL_LinearCrossEntropy_Options o;
+                  std::memset(&o, 0, sizeof o);
+                  o.struct_size = sizeof o;
+                  o.reduction = 7;
+                  a.options = &o;
+                  return api->KEEL_LinearCrossEntropy_Forward(&a);
+                },
+                KEEL_ERRC_INVALID_ARGUMENT, "options.reduction"},
+        BadCall{"unknown_backend",
+                [](const KEEL_Api* api, CTensor& x) {
+                  KEEL_Logsumexp_Args a;
+                  std::memset(&a, 0, sizeof a);
+                  a.struct_size = sizeof a;
+                  a.input = x.get();
+                  a.backend = 9;
+                  return api->KEEL_Logsumexp(&a);
+                },
+                KEEL_ERRC_INVALID_ARGUMENT, "backend"}),
     [](const ::testing::TestParamInfo<BadCall>& info) { return std::string(info.param.name); });
 
 // ------------------------------------------------------------ the loader
