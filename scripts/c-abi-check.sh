@@ -13,6 +13,7 @@
 set -euo pipefail
 build=${1:?usage: scripts/c-abi-check.sh BUILD_DIR [--update]}
 mode=${2:-check}
+build=$(cd "$build" && pwd)
 cd "$(dirname "$0")/.."
 baseline=abi/c-abi.txt
 work=$(mktemp -d)

@@ -113,7 +113,7 @@ stage "tiny_lm across releases"
 # each other release's outputs must stay within the policy. Its hash is
 # printed before and after, to show that the same file ran.
 consumer=$(build_dir "$keel_golden" sanitize)/keel_c_consumer
-consumer_golden=build/upgrade-check/c-consumer-$keel_golden.bin
+consumer_golden=build/upgrade-check/c-consumer-$keel_golden.safetensors
 consumer_hash=$(sha256sum "$consumer" | cut -d' ' -f1)
 echo "keel: ===== one C consumer binary, sha256 $consumer_hash ====="
 (
@@ -127,12 +127,13 @@ echo "keel: ===== one C consumer binary, sha256 $consumer_hash ====="
   for r in "${keel_ci_extra[@]}" "$keel_newest"; do
     "$consumer" compare --golden "$consumer_golden" --torch-release "$r" \
       --plugin-dir "$(build_dir "$r" release)"
+    scripts/c-consumer-comm.sh "$consumer" --torch-release "$r" --plugin-dir "$(build_dir "$r" release)"
   done
 ) | tee build/upgrade-check/c-consumer.log
 [ "$(sha256sum "$consumer" | cut -d' ' -f1)" = "$consumer_hash" ]
 for r in "${keel_ci_extra[@]}" "$keel_newest"; do
   summary+=("$(printf '%-8s %-9s %-28s %s' "$r" c-abi "one consumer binary" \
-    "$(grep -A1 "built on libtorch $r" build/upgrade-check/c-consumer.log | sed -n 's/.*keel_c_consumer: \([0-9]* of [0-9]* outputs\).*/\1 within policy/p')")")
+    "$(grep -A1 "built on libtorch $r" build/upgrade-check/c-consumer.log | sed -n 's/.*keel_c_consumer: \([0-9]* of [0-9]* cases pass\).*/\1, comm on 2 ranks passes/p')")")
 done
 stage "C consumer across releases"
 scripts/lint.sh "$(build_dir "$keel_newest" release)"

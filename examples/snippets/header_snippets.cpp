@@ -75,6 +75,30 @@ int attention_paged() {
   return out.sizes() == at::IntArrayRef({2, 32, 1, 128}) ? 0 : 1;
 }
 
+int attention_packed() {
+  //! [attention_packed]
+  // One serving step: sequence 0 decodes (1 query), sequence 1 prefills a
+  // chunk of 4 queries; packed as 5 rows, each against its own cache.
+  keel::PackedQueries q;
+  q.q = at::randn({5, 32, 128});                     // [T, Hq, E]
+  q.cu_seqlens_q = at::tensor({0, 1, 5}, at::kInt);  // sequence b: rows [cu[b], cu[b+1])
+  keel::PagedKVCache cache;
+  cache.k_pages = at::randn({8, 8, 16, 128});
+  cache.v_pages = at::randn({8, 8, 16, 128});
+  cache.page_table = at::tensor({5, 2, 7, 0, 0, 0}, at::kInt).view({2, 3});
+  cache.lengths = at::tensor({40, 12}, at::kInt);
+  keel::AttentionSpec spec;
+  spec.masks = {keel::Mask::causal(keel::CausalAlignment::bottom_right)};
+  keel::result<keel::AttentionOutput> r = keel::attention(q, cache, spec);
+  if (!r) {
+    std::cerr << r.error().to_string() << "\n";
+    return 1;
+  }
+  at::Tensor out = r.value().out;  // [5, 32, 128], row for row with q.q
+  //! [attention_packed]
+  return out.sizes() == at::IntArrayRef({5, 32, 128}) ? 0 : 1;
+}
+
 int dispatch_per_call() {
   const at::Tensor x = at::randn({4, 16});
   //! [dispatch_per_call]
@@ -220,6 +244,7 @@ int main() {
       {"keel_h", keel_h},
       {"attention_window", attention_window},
       {"attention_paged", attention_paged},
+      {"attention_packed", attention_packed},
       {"dispatch_per_call", dispatch_per_call},
       {"error_handling", error_handling},
       {"logsumexp_masked", logsumexp_masked},

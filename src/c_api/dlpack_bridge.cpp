@@ -140,7 +140,7 @@ result<at::Tensor> from_dlpack(const DLManagedTensorVersioned* managed, const st
 DLManagedTensorVersioned* to_dlpack(const at::Tensor& tensor,
                                     const std::vector<at::Tensor>& inputs) {
   if (!tensor.defined()) return nullptr;
-  at::Tensor t = tensor.detach().contiguous();
+  at::Tensor t = (tensor.requires_grad() ? tensor.detach() : tensor).contiguous();
   for (const at::Tensor& in : inputs) {
     if (in.defined() && t.storage().is_alias_of(in.storage())) {
       t = t.clone();

@@ -8,10 +8,14 @@
 // returns its outputs as caller-owned DLPack tensors or its error as a
 // KEEL_Error. Anything libtorch throws becomes backend_error.
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <new>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -24,10 +28,17 @@
 
 extern "C" std::uint64_t aoti_torch_abi_version();
 
-// The opaque error of the C ABI.
+// The opaque types of the C ABI.
 struct KEEL_Error {
   std::int32_t code;
   std::string message;
+};
+struct KEEL_Comm {
+  keel::comm::Communicator comm;
+};
+struct KEEL_Work {
+  keel::comm::Work work;
+  std::vector<at::Tensor> tensors;  // alive until the work is freed
 };
 
 namespace keel::c_api {
@@ -49,6 +60,17 @@ KEEL_Error* make_error(std::int32_t code, std::string message) noexcept {
     return new KEEL_Error{code, std::move(message)};
   } catch (...) {
     return &out_of_memory;
+  }
+}
+
+// A new handle for the caller, or NULL when memory runs out (the calls
+// that make one report it as backend_error).
+template <class T, class... Args>
+T* new_handle(Args&&... args) noexcept {
+  try {
+    return new T{std::forward<Args>(args)...};
+  } catch (...) {
+    return nullptr;
   }
 }
 
@@ -123,6 +145,7 @@ result<CausalAlignment> alignment_of(std::int32_t a, const std::string& name) {
 // Every borrowed input of one call, for to_dlpack's alias check.
 class Inputs {
  public:
+  Inputs() { all_.reserve(8); }
   result<at::Tensor> take(const DLManagedTensorVersioned* t, const std::string& name,
                           bool optional = false) {
     result<at::Tensor> r = from_dlpack(t, name, optional);
@@ -130,6 +153,7 @@ class Inputs {
     return r;
   }
   DLManagedTensorVersioned* give(const at::Tensor& t) const { return to_dlpack(t, all_); }
+  const std::vector<at::Tensor>& all() const { return all_; }
 
  private:
   std::vector<at::Tensor> all_;
@@ -420,6 +444,37 @@ KEEL_Error* attention_paged(KEEL_Attention_Paged_Args* args) noexcept {
   });
 }
 
+KEEL_Error* attention_packed_paged(KEEL_Attention_PackedPaged_Args* args) noexcept {
+  return guarded("KEEL_Attention_PackedPaged", [&]() -> KEEL_Error* {
+    KEEL_TRY(a, sized(args, KEEL_STRUCT_SIZE(KEEL_Attention_PackedPaged_Args, served_backend),
+                      "KEEL_Attention_PackedPaged_Args"));
+    if (a.stream != nullptr) return make_error(KEEL_ERRC_INVALID_ARGUMENT, kCpuStream);
+    Inputs in;
+    PackedQueries packed;
+    KEEL_TRY(q, in.take(a.q, "q"));
+    KEEL_TRY(cu, in.take(a.cu_seqlens_q, "cu_seqlens_q"));
+    packed.q = q;
+    packed.cu_seqlens_q = cu;
+    PagedKVCache cache;
+    KEEL_TRY(kp, in.take(a.k_pages, "k_pages"));
+    KEEL_TRY(vp, in.take(a.v_pages, "v_pages"));
+    KEEL_TRY(table, in.take(a.page_table, "page_table"));
+    KEEL_TRY(lengths, in.take(a.lengths, "lengths"));
+    cache.k_pages = kp;
+    cache.v_pages = vp;
+    cache.page_table = table;
+    cache.lengths = lengths;
+    KEEL_TRY(spec, spec_of(a.spec, in));
+    spec.return_lse = a.return_lse != 0;
+    c10::NoGradGuard no_grad;
+    KEEL_TRY(r, attention(packed, cache, spec));
+    args->out = in.give(r.out);
+    args->lse = in.give(r.lse);
+    args->served_backend = served(r.dispatch);
+    return nullptr;
+  });
+}
+
 // ---------------------------------------------------------------- logsumexp
 
 KEEL_Error* logsumexp_call(KEEL_Logsumexp_Args* args) noexcept {
@@ -475,6 +530,10 @@ result<LinearCrossEntropyOptions> loss_options_of(const KEEL_LinearCrossEntropy_
   result<Backend> b = backend_of(c.backend, "options.backend");
   if (!b) return b.error();
   o.dispatch.backend = b.value();
+  if (c.communicator != nullptr) {
+    o.vocab_parallel.communicator = c.communicator->comm;
+    o.vocab_parallel.vocab_start = c.vocab_start;
+  }
   return o;
 }
 
@@ -538,6 +597,329 @@ KEEL_Error* loss_forward_backward(KEEL_LinearCrossEntropy_ForwardBackward_Args* 
   });
 }
 
+// ---------------------------------------------------------------- comm
+
+std::chrono::milliseconds ms_or(std::int64_t ms, std::chrono::milliseconds otherwise) {
+  return ms > 0 ? std::chrono::milliseconds(ms) : otherwise;
+}
+
+KEEL_Error* comm_create(KEEL_Comm_Create_Args* args) noexcept {
+  return guarded("KEEL_Comm_Create", [&]() -> KEEL_Error* {
+    KEEL_TRY(a,
+             sized(args, KEEL_STRUCT_SIZE(KEEL_Comm_Create_Args, comm), "KEEL_Comm_Create_Args"));
+    comm::CommOptions o;
+    if (a.backend < KEEL_COMM_AUTOMATIC || a.backend > KEEL_COMM_NCCL) {
+      return make_error(KEEL_ERRC_INVALID_ARGUMENT,
+                        "backend is " + std::to_string(a.backend) + ", not a KEEL_CommBackend");
+    }
+    o.backend = static_cast<comm::CommBackend>(a.backend);
+    if (a.rendezvous != nullptr) o.rendezvous = a.rendezvous;
+    if (a.rank >= 0) o.rank = a.rank;
+    if (a.world_size >= 0) o.world_size = a.world_size;
+    o.timeout = ms_or(a.timeout_ms, o.timeout);
+    if (a.name != nullptr) o.name = a.name;
+    o.checked = a.checked != 0;
+    o.heartbeat_interval = ms_or(a.heartbeat_interval_ms, o.heartbeat_interval);
+    o.peer_timeout = ms_or(a.peer_timeout_ms, o.peer_timeout);
+    if (a.generation >= 0) o.generation = a.generation;
+    o.rejoin = a.rejoin != 0;
+    KEEL_TRY(backend, backend_of(a.dispatch_backend, "dispatch_backend"));
+    o.dispatch.backend = backend;
+    KEEL_TRY(c, comm::Communicator::create(o));
+    args->comm = new_handle<KEEL_Comm>(std::move(c));
+    if (args->comm == nullptr) return &out_of_memory;
+    return nullptr;
+  });
+}
+
+void comm_destroy(KEEL_Comm_Destroy_Args* args) noexcept {
+  if (args != nullptr) delete args->comm;
+}
+
+KEEL_Error* comm_info(KEEL_Comm_Info_Args* args) noexcept {
+  return guarded("KEEL_Comm_Info", [&]() -> KEEL_Error* {
+    KEEL_TRY(a, sized(args, KEEL_STRUCT_SIZE(KEEL_Comm_Info_Args, name), "KEEL_Comm_Info_Args"));
+    if (a.comm == nullptr) return make_error(KEEL_ERRC_INVALID_ARGUMENT, "comm is NULL");
+    const comm::Communicator& c = a.comm->comm;
+    args->rank = c.rank();
+    args->size = c.size();
+    args->local_rank = c.local_rank();
+    args->generation = c.generation();
+    args->aborted = c.is_aborted() ? 1 : 0;
+    args->name = c.name().c_str();
+    return nullptr;
+  });
+}
+
+// A tensor the collective writes: the caller's memory, never read-only.
+result<at::Tensor> writable(const DLManagedTensorVersioned* t, const char* name, Inputs& in) {
+  if (t != nullptr && (t->flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0) {
+    return Error(Errc::invalid_argument,
+                 std::string(name) + " is read-only, and this collective writes it");
+  }
+  return in.take(t, name);
+}
+
+// A synchronous call's result as a finished Work.
+result<comm::Work> done(result<void> r) {
+  if (!r) return r.error();
+  return comm::Work();
+}
+
+result<std::vector<std::int64_t>> splits_of(const std::int64_t* p, std::size_t n,
+                                            const char* name) {
+  if (n > 0 && p == nullptr) {
+    return Error(Errc::invalid_argument, std::string(name) + " is NULL with a count");
+  }
+  return std::vector<std::int64_t>(p, p + n);
+}
+
+result<comm::Work> run_collective(const KEEL_Comm_Collective_Args& a, Inputs& in) {
+  if (a.op < KEEL_REDUCE_SUM || a.op > KEEL_REDUCE_PRODUCT) {
+    return Error(Errc::invalid_argument, "op is " + std::to_string(a.op) + ", not a KEEL_ReduceOp");
+  }
+  const auto op = static_cast<comm::ReduceOp>(a.op);
+  comm::CallOptions call;
+  if (a.timeout_ms > 0) call.timeout = std::chrono::milliseconds(a.timeout_ms);
+  comm::Communicator& c = a.comm->comm;
+  const bool async = a.async != 0;
+  switch (a.collective) {
+    case KEEL_COLLECTIVE_ALL_REDUCE: {
+      result<at::Tensor> t = writable(a.tensor, "tensor", in);
+      if (!t) return t.error();
+      return async ? c.all_reduce_async(t.value(), op, call)
+                   : done(c.all_reduce(t.value(), op, call));
+    }
+    case KEEL_COLLECTIVE_BROADCAST: {
+      result<at::Tensor> t = writable(a.tensor, "tensor", in);
+      if (!t) return t.error();
+      return async ? c.broadcast_async(t.value(), a.peer, call)
+                   : done(c.broadcast(t.value(), a.peer, call));
+    }
+    case KEEL_COLLECTIVE_RECV: {
+      result<at::Tensor> t = writable(a.tensor, "tensor", in);
+      if (!t) return t.error();
+      return async ? c.recv_async(t.value(), a.peer, a.tag, call)
+                   : done(c.recv(t.value(), a.peer, a.tag, call));
+    }
+    case KEEL_COLLECTIVE_SEND: {
+      result<at::Tensor> t = in.take(a.tensor, "tensor");
+      if (!t) return t.error();
+      return async ? c.send_async(t.value(), a.peer, a.tag, call)
+                   : done(c.send(t.value(), a.peer, a.tag, call));
+    }
+    case KEEL_COLLECTIVE_ALL_GATHER:
+    case KEEL_COLLECTIVE_REDUCE_SCATTER:
+    case KEEL_COLLECTIVE_ALL_TO_ALL: {
+      result<at::Tensor> out = writable(a.output, "output", in);
+      if (!out) return out.error();
+      result<at::Tensor> input = in.take(a.input, "input");
+      if (!input) return input.error();
+      at::Tensor& o = out.value();
+      const at::Tensor& i = input.value();
+      if (a.collective == KEEL_COLLECTIVE_ALL_GATHER) {
+        return async ? c.all_gather_async(o, i, call) : done(c.all_gather(o, i, call));
+      }
+      if (a.collective == KEEL_COLLECTIVE_REDUCE_SCATTER) {
+        return async ? c.reduce_scatter_async(o, i, op, call)
+                     : done(c.reduce_scatter(o, i, op, call));
+      }
+      result<std::vector<std::int64_t>> os =
+          splits_of(a.output_splits, a.num_output_splits, "output_splits");
+      if (!os) return os.error();
+      result<std::vector<std::int64_t>> is =
+          splits_of(a.input_splits, a.num_input_splits, "input_splits");
+      if (!is) return is.error();
+      return async ? c.all_to_all_async(o, i, os.value(), is.value(), call)
+                   : done(c.all_to_all(o, i, os.value(), is.value(), call));
+    }
+    case KEEL_COLLECTIVE_BARRIER:
+      if (async) return Error(Errc::invalid_argument, "a barrier is not asynchronous");
+      return done(c.barrier(call));
+    default:
+      break;
+  }
+  return Error(Errc::invalid_argument,
+               "collective is " + std::to_string(a.collective) + ", not a KEEL_Collective");
+}
+
+KEEL_Error* comm_collective(KEEL_Comm_Collective_Args* args) noexcept {
+  return guarded("KEEL_Comm_Collective", [&]() -> KEEL_Error* {
+    KEEL_TRY(a, sized(args, KEEL_STRUCT_SIZE(KEEL_Comm_Collective_Args, work),
+                      "KEEL_Comm_Collective_Args"));
+    if (a.comm == nullptr) return make_error(KEEL_ERRC_INVALID_ARGUMENT, "comm is NULL");
+    if (a.stream != nullptr) return make_error(KEEL_ERRC_INVALID_ARGUMENT, kCpuStream);
+    Inputs in;
+    KEEL_TRY(work, run_collective(a, in));
+    args->work = nullptr;
+    if (a.async != 0) {
+      args->work = new_handle<KEEL_Work>(std::move(work), in.all());
+      if (args->work == nullptr) return &out_of_memory;
+    }
+    return nullptr;
+  });
+}
+
+KEEL_Error* work_wait(KEEL_Work_Wait_Args* args) noexcept {
+  return guarded("KEEL_Work_Wait", [&]() -> KEEL_Error* {
+    KEEL_TRY(a, sized(args, KEEL_STRUCT_SIZE(KEEL_Work_Wait_Args, poll), "KEEL_Work_Wait_Args"));
+    if (a.work == nullptr) return make_error(KEEL_ERRC_INVALID_ARGUMENT, "work is NULL");
+    if (a.poll == 0) {
+      std::optional<std::chrono::milliseconds> timeout;
+      if (a.timeout_ms > 0) timeout = std::chrono::milliseconds(a.timeout_ms);
+      result<void> r = a.work->work.wait(timeout);
+      if (!r) return to_c(r.error());
+    }
+    args->completed = a.work->work.is_completed() ? 1 : 0;
+    return nullptr;
+  });
+}
+
+void work_destroy(KEEL_Work_Destroy_Args* args) noexcept {
+  if (args != nullptr) delete args->work;
+}
+
+KEEL_Error* comm_split(KEEL_Comm_Split_Args* args) noexcept {
+  return guarded("KEEL_Comm_Split", [&]() -> KEEL_Error* {
+    KEEL_TRY(a, sized(args, KEEL_STRUCT_SIZE(KEEL_Comm_Split_Args, split), "KEEL_Comm_Split_Args"));
+    if (a.comm == nullptr) return make_error(KEEL_ERRC_INVALID_ARGUMENT, "comm is NULL");
+    if (a.num_ranks > 0 && a.ranks == nullptr) {
+      return make_error(KEEL_ERRC_INVALID_ARGUMENT, "ranks is NULL with num_ranks > 0");
+    }
+    const std::vector<int> ranks(a.ranks, a.ranks + a.num_ranks);
+    KEEL_TRY(sub, a.comm->comm.split(ranks, a.name != nullptr ? a.name : ""));
+    args->split = new_handle<KEEL_Comm>(std::move(sub));
+    if (args->split == nullptr) return &out_of_memory;
+    return nullptr;
+  });
+}
+
+KEEL_Error* comm_reform(KEEL_Comm_Reform_Args* args) noexcept {
+  return guarded("KEEL_Comm_Reform", [&]() -> KEEL_Error* {
+    KEEL_TRY(
+        a, sized(args, KEEL_STRUCT_SIZE(KEEL_Comm_Reform_Args, reformed), "KEEL_Comm_Reform_Args"));
+    if (a.comm == nullptr) return make_error(KEEL_ERRC_INVALID_ARGUMENT, "comm is NULL");
+    comm::ReformOptions o;
+    if (a.timeout_ms > 0) o.timeout = std::chrono::milliseconds(a.timeout_ms);
+    o.wait_for_replacements = a.wait_for_replacements != 0;
+    KEEL_TRY(world, a.comm->comm.reform(o));
+    args->reformed = new_handle<KEEL_Comm>(std::move(world));
+    if (args->reformed == nullptr) return &out_of_memory;
+    return nullptr;
+  });
+}
+
+void comm_abort(KEEL_Comm_Abort_Args* args) noexcept {
+  if (args != nullptr && args->comm != nullptr) args->comm->comm.abort();
+}
+
+// ---------------------------------------------------------------- compat
+
+// The service's C function as a keel::compat::Function.
+compat::Function compat_function(KEEL_Compat_Function* fn, void* user_data) {
+  return [fn, user_data](const compat::Case& c) -> result<compat::Tensors> {
+    std::vector<DLManagedTensorVersioned*> owned;
+    std::vector<KEEL_NamedTensor> inputs;
+    for (const auto& [name, t] : c.inputs) {
+      owned.push_back(to_dlpack(t, {}));
+      inputs.push_back({name.c_str(), owned.back()});
+    }
+    constexpr std::size_t kCapacity = 64;
+    KEEL_NamedTensor outputs[kCapacity] = {};
+    std::size_t count = 0;
+    char error[1024] = {0};
+    const std::int32_t code = fn(user_data, c.id.c_str(), inputs.data(), inputs.size(), outputs,
+                                 kCapacity, &count, error, sizeof error);
+    for (DLManagedTensorVersioned* m : owned) m->deleter(m);
+    count = std::min(count, kCapacity);
+    compat::Tensors out;
+    result<void> bad = success();
+    for (std::size_t i = 0; i < count; ++i) {
+      const std::string name = outputs[i].name != nullptr ? outputs[i].name : "";
+      result<at::Tensor> t = from_dlpack(outputs[i].tensor, "output '" + name + "'");
+      if (t && bad) out[name] = t.value().clone();
+      if (!t && bad) bad = t.error();
+      if (outputs[i].tensor != nullptr && outputs[i].tensor->deleter != nullptr) {
+        outputs[i].tensor->deleter(outputs[i].tensor);
+      }
+    }
+    if (code != KEEL_ERRC_OK) {
+      error[sizeof error - 1] = '\0';
+      const auto errc = code >= KEEL_ERRC_INVALID_ARGUMENT && code <= KEEL_ERRC_CORRUPT_DATA
+                            ? static_cast<Errc>(code)
+                            : Errc::backend_error;
+      return Error(errc, error);
+    }
+    if (!bad) return bad.error();
+    return out;
+  };
+}
+
+KEEL_Error* compat_record(KEEL_Compat_Record_Args* args) noexcept {
+  return guarded("KEEL_Compat_Record", [&]() -> KEEL_Error* {
+    KEEL_TRY(a, sized(args, KEEL_STRUCT_SIZE(KEEL_Compat_Record_Args, user_data),
+                      "KEEL_Compat_Record_Args"));
+    if (a.path == nullptr || a.function == nullptr) {
+      return make_error(KEEL_ERRC_INVALID_ARGUMENT, "path and function must not be NULL");
+    }
+    if (a.num_cases > 0 && a.cases == nullptr) {
+      return make_error(KEEL_ERRC_INVALID_ARGUMENT, "cases is NULL with num_cases > 0");
+    }
+    std::vector<compat::Case> cases;
+    for (std::size_t i = 0; i < a.num_cases; ++i) {
+      const std::string name = "cases[" + std::to_string(i) + "]";
+      KEEL_TRY(c, sized(a.cases[i], KEEL_STRUCT_SIZE(KEEL_Compat_Case, rtol), name.c_str()));
+      if (c.id == nullptr) return make_error(KEEL_ERRC_INVALID_ARGUMENT, name + ".id is NULL");
+      if (c.num_inputs > 0 && c.inputs == nullptr) {
+        return make_error(KEEL_ERRC_INVALID_ARGUMENT, name + ".inputs is NULL");
+      }
+      compat::Case k;
+      k.id = c.id;
+      for (std::size_t j = 0; j < c.num_inputs; ++j) {
+        const std::string input = name + ".inputs[" + std::to_string(j) + "]";
+        if (c.inputs[j].name == nullptr) {
+          return make_error(KEEL_ERRC_INVALID_ARGUMENT, input + ".name is NULL");
+        }
+        KEEL_TRY(t, from_dlpack(c.inputs[j].tensor, input));
+        k.inputs[c.inputs[j].name] = t;
+      }
+      if (c.has_tolerance != 0) k.tolerance = compat::Tolerance{c.atol, c.rtol};
+      cases.push_back(std::move(k));
+    }
+    result<void> recorded = compat::record(a.path, cases, compat_function(a.function, a.user_data));
+    return recorded ? nullptr : to_c(recorded.error());
+  });
+}
+
+KEEL_Error* compat_compare(KEEL_Compat_Compare_Args* args) noexcept {
+  return guarded("KEEL_Compat_Compare", [&]() -> KEEL_Error* {
+    KEEL_TRY(a, sized(args, KEEL_STRUCT_SIZE(KEEL_Compat_Compare_Args, errors),
+                      "KEEL_Compat_Compare_Args"));
+    if (a.path == nullptr || a.function == nullptr) {
+      return make_error(KEEL_ERRC_INVALID_ARGUMENT, "path and function must not be NULL");
+    }
+    compat::CompareOptions o;
+    if (a.repeat > 0) o.repeat = a.repeat;
+    if (a.filter != nullptr) o.filter = a.filter;
+    KEEL_TRY(report, compat::compare(a.path, compat_function(a.function, a.user_data), o));
+    const auto write = [](const char* path, const std::string& text) {
+      if (path == nullptr) return true;
+      std::ofstream f(path, std::ios::binary);
+      f << text;
+      return static_cast<bool>(f);
+    };
+    if (!write(a.json_path, compat::to_json(report)) ||
+        !write(a.html_path, compat::to_html(report))) {
+      return make_error(KEEL_ERRC_IO_ERROR, "cannot write the report");
+    }
+    args->passed = report.passed;
+    args->failed = report.failed;
+    args->skipped = report.skipped;
+    args->errors = report.errors;
+    return nullptr;
+  });
+}
+
 const KEEL_Api kApi = {
     sizeof(KEEL_Api),
     nullptr,
@@ -553,6 +935,18 @@ const KEEL_Api kApi = {
     &logsumexp_call,
     &loss_forward,
     &loss_forward_backward,
+    &comm_create,
+    &comm_destroy,
+    &comm_info,
+    &comm_collective,
+    &work_wait,
+    &work_destroy,
+    &comm_split,
+    &comm_reform,
+    &comm_abort,
+    &compat_record,
+    &compat_compare,
+    &attention_packed_paged,
 };
 
 }  // namespace

@@ -13,11 +13,18 @@
 #include <absl/strings/str_join.h>
 #include <nlohmann/json.hpp>
 
+#include "keel/c/keel.h"
 #include "keel/keel.h"
 
 ABSL_FLAG(bool, json, false, "print one JSON object instead of text");
 
 namespace {
+
+#define KEEL_INFO_STR2(x) #x
+#define KEEL_INFO_STR(x) KEEL_INFO_STR2(x)
+// The C ABI this build's plugin (KEEL_PLUGIN_NAME, beside keel-info) speaks.
+constexpr const char* kCApiVersion =
+    KEEL_INFO_STR(KEEL_C_API_MAJOR) "." KEEL_INFO_STR(KEEL_C_API_MINOR);
 
 nlohmann::json to_json(const keel::BuildInfo& info) {
   nlohmann::json adapters = nlohmann::json::array();
@@ -40,6 +47,7 @@ nlohmann::json to_json(const keel::BuildInfo& info) {
           {"cuda", info.cuda},
           {"compiler", info.compiler},
           {"build_type", info.build_type},
+          {"c_api", {{"version", kCApiVersion}, {"plugin", KEEL_PLUGIN_NAME}}},
           {"adapters", adapters}};
 }
 
@@ -50,6 +58,7 @@ void print_text(const keel::BuildInfo& info) {
             << "  supports: torch " << absl::StrJoin(info.supported_torch, ", ") << "\n"
             << "  cuda:     " << (info.cuda ? "yes" : "no") << "\n"
             << "  compiler: " << info.compiler << " (" << info.build_type << ")\n"
+            << "  c abi:    " << kCApiVersion << " (plugin " << KEEL_PLUGIN_NAME << ")\n"
             << "  adapters: ";
   std::string names;
   for (const keel::AdapterInfo& a : info.adapters) names += (names.empty() ? "" : ", ") + a.name;

@@ -49,7 +49,7 @@ OutputCheck check_output(const std::string& name, const at::Tensor& got, const a
   OutputCheck check;
   check.name = name;
   check.tolerance = tol;
-  const auto fail_outright = [&](std::string why) {
+  const auto fail_outright = [&](const std::string& why) {
     check.pass = false;
     check.max_abs = check.max_rel = std::numeric_limits<double>::infinity();
     check.detail = absl::StrCat("output '", name, "': ", why);

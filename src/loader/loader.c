@@ -305,7 +305,7 @@ static int32_t load_locked(KEEL_LoadOptions* o) {
                 KEEL_PLUGIN_ENTRY_POINT);
   }
   const KEEL_Api* api = get_api();
-  const size_t minimum = KEEL_STRUCT_SIZE(KEEL_Api, KEEL_LinearCrossEntropy_ForwardBackward);
+  const size_t minimum = KEEL_STRUCT_SIZE(KEEL_Api, KEEL_Attention_PackedPaged);
   if (api == NULL || api->struct_size < KEEL_STRUCT_SIZE(KEEL_Api, api_version) ||
       api->api_version.major != KEEL_C_API_MAJOR || api->struct_size < minimum) {
     return fail(o, KEEL_ERRC_CORRUPT_DATA,
@@ -363,4 +363,6 @@ int32_t keel_load_plugin(KEEL_LoadOptions* options) {
   return code;
 }
 
-uint32_t keel_loader_version(void) { return KEEL_C_API_MAJOR * 1000u + KEEL_C_API_MINOR; }
+uint32_t keel_loader_version(void) {
+  return KEEL_C_API_MAJOR * 1000u + KEEL_C_API_MINOR;
+}

@@ -218,6 +218,33 @@ TEST(CApiConformance, PagedEqualsV1Bitwise) {
   EXPECT_TRUE(bitwise(from(got.value().lse), want.value().lse));
 }
 
+TEST(CApiConformance, PackedPagedEqualsV1Bitwise) {
+  at::manual_seed(16);
+  PackedQueries packed{randn({8, 4, 16}, at::kFloat), at::tensor({0, 1, 4, 8}, at::kInt)};
+  PagedKVCache cache;
+  cache.k_pages = randn({8, 2, 4, 16}, at::kFloat);
+  cache.v_pages = randn({8, 2, 4, 16}, at::kFloat);
+  cache.page_table = at::tensor({7, 0, 0, 1, 2, 0, 3, 4, 5}, at::kInt).view({3, 3});
+  cache.lengths = at::tensor({3, 6, 12}, at::kInt);
+  AttentionSpec spec;
+  spec.masks.push_back(Mask::causal(CausalAlignment::bottom_right));
+  spec.return_lse = true;
+  result<AttentionOutput> want = [&] {
+    c10::NoGradGuard no_grad;
+    return attention(packed, cache, spec);
+  }();
+  ASSERT_TRUE(want) << want.error().to_string();
+  keel::c::AttentionSpec cspec;
+  cspec.add(keel::c::mask(KEEL_MASK_CAUSAL, KEEL_ALIGN_BOTTOM_RIGHT));
+  CTensor cq = dl(packed.q), cu = dl(packed.cu_seqlens_q), kp = dl(cache.k_pages),
+          vp = dl(cache.v_pages), t = dl(cache.page_table), l = dl(cache.lengths);
+  keel::c::Result<keel::c::AttentionResult> got =
+      plugin().attention_packed_paged(cq, cu, kp, vp, t, l, cspec.get(), true);
+  ASSERT_TRUE(got) << got.error().message();
+  EXPECT_TRUE(bitwise(from(got.value().out), want.value().out));
+  EXPECT_TRUE(bitwise(from(got.value().lse), want.value().lse));
+}
+
 TEST(CApiConformance, LogsumexpEqualsV1Bitwise) {
   at::manual_seed(13);
   const at::Tensor x = randn({3, 7}, at::kFloat), mask = at::rand({3, 7}) > 0.4;
@@ -495,6 +522,27 @@ INSTANTIATE_TEST_SUITE_P(
                   return api->KEEL_LinearCrossEntropy_Forward(&a);
                 },
                 KEEL_ERRC_INVALID_ARGUMENT, "options.reduction"},
+        BadCall{"collective_without_comm",
+                [](const KEEL_Api* api, CTensor& x) {
+                  KEEL_Comm_Collective_Args a = keel::c::make_args<KEEL_Comm_Collective_Args>();
+                  a.tensor = x.get();
+                  return api->KEEL_Comm_Collective(&a);
+                },
+                KEEL_ERRC_INVALID_ARGUMENT, "comm is NULL"},
+        BadCall{"comm_bad_backend",
+                [](const KEEL_Api* api, CTensor&) {
+                  KEEL_Comm_Create_Args a = keel::c::Plugin::comm_options();
+                  a.backend = 5;
+                  return api->KEEL_Comm_Create(&a);
+                },
+                KEEL_ERRC_INVALID_ARGUMENT, "KEEL_CommBackend"},
+        BadCall{"compat_record_without_function",
+                [](const KEEL_Api* api, CTensor&) {
+                  KEEL_Compat_Record_Args a = keel::c::make_args<KEEL_Compat_Record_Args>();
+                  a.path = "/tmp/unused.safetensors";
+                  return api->KEEL_Compat_Record(&a);
+                },
+                KEEL_ERRC_INVALID_ARGUMENT, "function"},
         BadCall{"unknown_backend",
                 [](const KEEL_Api* api, CTensor& x) {
                   KEEL_Logsumexp_Args a;
@@ -506,6 +554,76 @@ INSTANTIATE_TEST_SUITE_P(
                 },
                 KEEL_ERRC_INVALID_ARGUMENT, "backend"}),
     [](const ::testing::TestParamInfo<BadCall>& info) { return std::string(info.param.name); });
+
+// keel::compat over a C callback: a service function recorded and replayed;
+// the same function passes, a token id off by one fails (integers exactly),
+// an error the callback returns is the case's error.
+struct CompatService {
+  std::int64_t bump = 0;
+  std::int32_t fail = KEEL_ERRC_OK;
+  at::Tensor logits, ids;
+};
+
+std::int32_t compat_function(void* user, const char* /*id*/, const KEEL_NamedTensor* inputs,
+                             std::size_t num_inputs, KEEL_NamedTensor* outputs,
+                             std::size_t capacity, std::size_t* count, char* error,
+                             std::size_t error_capacity) {
+  auto& s = *static_cast<CompatService*>(user);
+  if (s.fail != KEEL_ERRC_OK) {
+    std::snprintf(error, error_capacity, "the service says no");
+    return s.fail;
+  }
+  if (num_inputs != 1 || capacity < 2) return KEEL_ERRC_INVALID_ARGUMENT;
+  const at::Tensor x = c_api::from_dlpack(inputs[0].tensor, "x").value();
+  s.logits = (x * 2).to(at::kBFloat16);
+  s.ids = at::arange(998, 1002, at::kLong);
+  s.ids[2] += s.bump;
+  outputs[0] = {"logits", at::toDLPackVersioned(s.logits)};
+  outputs[1] = {"ids", at::toDLPackVersioned(s.ids)};
+  *count = 2;
+  return KEEL_ERRC_OK;
+}
+
+TEST(CApiConformance, CompatRecordsAndComparesACallback) {
+  const std::string path = ::testing::TempDir() + "keel-c-api-compat.safetensors";
+  const at::Tensor x = at::randn({4});
+  CTensor cx = dl(x);
+  KEEL_NamedTensor input{"x", cx.get()};
+  KEEL_Compat_Case c = keel::c::make_args<KEEL_Compat_Case>();
+  c.id = "service/step";
+  c.inputs = &input;
+  c.num_inputs = 1;
+  const KEEL_Compat_Case* cases[] = {&c};
+  CompatService service;
+  const KEEL_Api* api = plugin().api();
+  KEEL_Compat_Record_Args rec = keel::c::make_args<KEEL_Compat_Record_Args>();
+  rec.path = path.c_str();
+  rec.cases = cases;
+  rec.num_cases = 1;
+  rec.function = &compat_function;
+  rec.user_data = &service;
+  keel::c::Error e;
+  ASSERT_FALSE(keel::c::take_error(api, api->KEEL_Compat_Record(&rec), e)) << e.message();
+  const auto compare = [&](std::int64_t bump, std::int32_t fail) {
+    service.bump = bump;
+    service.fail = fail;
+    KEEL_Compat_Compare_Args cmp = keel::c::make_args<KEEL_Compat_Compare_Args>();
+    cmp.path = path.c_str();
+    cmp.function = &compat_function;
+    cmp.user_data = &service;
+    EXPECT_FALSE(keel::c::take_error(api, api->KEEL_Compat_Compare(&cmp), e)) << e.message();
+    return cmp;
+  };
+  KEEL_Compat_Compare_Args same = compare(0, KEEL_ERRC_OK);
+  EXPECT_EQ(same.passed, 1);
+  KEEL_Compat_Compare_Args moved = compare(1, KEEL_ERRC_OK);
+  EXPECT_EQ(moved.failed, 1);
+  KEEL_Compat_Compare_Args declined = compare(0, KEEL_ERRC_UNSUPPORTED);
+  EXPECT_EQ(declined.skipped, 1);
+  KEEL_Compat_Compare_Args failing = compare(0, KEEL_ERRC_BACKEND_ERROR);
+  EXPECT_EQ(failing.errors, 1);
+  std::remove(path.c_str());
+}
 
 // ------------------------------------------------------------ the loader
 

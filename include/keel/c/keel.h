@@ -54,13 +54,14 @@
 /// What crosses in 0.1: build information and typed capabilities; attention
 /// forward with every mask and modifier, its explicit backward (no autograd
 /// graph crosses a C boundary, as in FlashAttention's API) and the paged-cache
-/// call; logsumexp; linear cross-entropy forward and forward+backward.
-/// Not yet, each to be appended in a later minor: the communicator (its
-/// handles, collectives and fault calls need their own lifetime rules: a
-/// rank's communicator outlives many calls and is aborted from other
-/// threads), the vocabulary-parallel loss (it needs that communicator) and
-/// `keel::compat` record/compare over C callbacks. Services that need them
-/// today use `keel::v1` and rebuild per release.
+/// call, also over packed ragged queries; logsumexp; linear cross-entropy forward and
+/// forward+backward, also vocabulary-parallel; the communicator (created by environment, URL or
+/// options; every collective, sync and async with bounded waits; abort,
+/// reform, rejoin, split); and `keel::compat` record/compare over C
+/// callbacks. Left out, with the reason: the flight recorder's dump and
+/// `dedicated()` (diagnostics and a tuning aid, reachable through keel::v1;
+/// they add no capability a service needs to run), and `DispatchInfo`'s
+/// reason text (the served backend crosses as a value).
 // A C header: clang-tidy's C++ checks (using over typedef, <cstdint>) do
 // not apply to it.
 // NOLINTBEGIN
@@ -113,6 +114,9 @@ typedef enum KEEL_Backend {
 
 /// An error: opaque, owned by the caller, freed with `KEEL_Error_Destroy`.
 typedef struct KEEL_Error KEEL_Error;
+/// A communicator (`keel::comm::Communicator`): opaque, freed with
+/// `KEEL_Comm_Destroy`. Its calls may come from several threads, as v1's.
+typedef struct KEEL_Comm KEEL_Comm;
 
 /// The head of every extension in a chain.
 typedef struct KEEL_Extension_Base {
@@ -324,6 +328,27 @@ typedef struct KEEL_Attention_Paged_Args {
 /// cache, pages read where they lie (an inference call).
 typedef KEEL_Error* KEEL_Attention_Paged_Fn(KEEL_Attention_Paged_Args* args);
 
+/// Arguments of `KEEL_Attention_PackedPaged`.
+typedef struct KEEL_Attention_PackedPaged_Args {
+  size_t struct_size;                             ///< This struct's size.
+  KEEL_Extension_Base* extension_start;           ///< Extensions, or NULL.
+  struct DLManagedTensorVersioned* q;             ///< `[T, Hq, E]`: every sequence's queries.
+  struct DLManagedTensorVersioned* cu_seqlens_q;  ///< Integer `[B + 1]` offsets into `q`.
+  struct DLManagedTensorVersioned* k_pages;       ///< `[P, Hkv, page_size, E]`.
+  struct DLManagedTensorVersioned* v_pages;       ///< `[P, Hkv, page_size, Ev]`.
+  struct DLManagedTensorVersioned* page_table;    ///< Integer `[B, max_pages]`.
+  struct DLManagedTensorVersioned* lengths;       ///< Integer `[B]`.
+  const KEEL_AttentionSpec* spec;                 ///< Masks and modifiers, or NULL.
+  int32_t return_lse;                             ///< Nonzero: also return `lse`.
+  void* stream;                                   ///< The CUDA stream; NULL for CPU tensors.
+  struct DLManagedTensorVersioned* out;           ///< Out: `[T, Hq, Ev]`.
+  struct DLManagedTensorVersioned* lse;           ///< Out: `[T, Hq]` when `return_lse`.
+  int32_t served_backend;                         ///< Out: the `KEEL_Backend` that served it.
+} KEEL_Attention_PackedPaged_Args;
+/// `keel::attention(PackedQueries{q, cu_seqlens_q}, PagedKVCache{...}, spec)`:
+/// a serving step's ragged queries against their paged caches in one call.
+typedef KEEL_Error* KEEL_Attention_PackedPaged_Fn(KEEL_Attention_PackedPaged_Args* args);
+
 // ---------------------------------------------------------------- logsumexp
 
 /// Arguments of `KEEL_Logsumexp`.
@@ -369,6 +394,9 @@ typedef struct KEEL_LinearCrossEntropy_Options {
   int32_t return_per_token_loss;                   ///< Nonzero: also `per_token_loss`.
   int32_t return_lse;                              ///< Nonzero: also `lse`.
   int32_t backend;                                 ///< A `KEEL_Backend`.
+  KEEL_Comm* communicator;  ///< Vocabulary-parallel: the ranks that share the vocabulary
+                            ///< (`weight` holds this rank's rows); NULL: not sharded.
+  int64_t vocab_start;      ///< Vocabulary-parallel: the class of this rank's first row.
 } KEEL_LinearCrossEntropy_Options;
 
 /// Arguments of `KEEL_LinearCrossEntropy_Forward`.
@@ -409,6 +437,235 @@ typedef struct KEEL_LinearCrossEntropy_ForwardBackward_Args {
 typedef KEEL_Error* KEEL_LinearCrossEntropy_ForwardBackward_Fn(
     KEEL_LinearCrossEntropy_ForwardBackward_Args* args);
 
+// ---------------------------------------------------------------- comm
+
+/// An asynchronous collective in flight: freed with `KEEL_Work_Destroy`.
+typedef struct KEEL_Work KEEL_Work;
+
+/// The transport (`keel::comm::CommBackend`).
+typedef enum KEEL_CommBackend {
+  KEEL_COMM_AUTOMATIC = 0,  ///< gloo for CPU tensors, NCCL for CUDA ones.
+  KEEL_COMM_GLOO = 1,       ///< gloo.
+  KEEL_COMM_NCCL = 2,       ///< NCCL (a CUDA plugin).
+} KEEL_CommBackend;
+
+/// A reduction (`keel::comm::ReduceOp`).
+typedef enum KEEL_ReduceOp {
+  KEEL_REDUCE_SUM = 0,      ///< Sum.
+  KEEL_REDUCE_AVG = 1,      ///< Mean over the ranks.
+  KEEL_REDUCE_MIN = 2,      ///< Minimum.
+  KEEL_REDUCE_MAX = 3,      ///< Maximum.
+  KEEL_REDUCE_PRODUCT = 4,  ///< Product.
+} KEEL_ReduceOp;
+
+/// Which collective `KEEL_Comm_Collective` runs, and the tensors it uses.
+typedef enum KEEL_Collective {
+  KEEL_COLLECTIVE_ALL_REDUCE = 0,      ///< `tensor`, in place, with `op`.
+  KEEL_COLLECTIVE_ALL_GATHER = 1,      ///< `input` into `output` ([size * N, ...]).
+  KEEL_COLLECTIVE_REDUCE_SCATTER = 2,  ///< `input` ([size * N, ...]) into `output`, with `op`.
+  KEEL_COLLECTIVE_BROADCAST = 3,       ///< `tensor` from rank `peer`, in place.
+  KEEL_COLLECTIVE_ALL_TO_ALL = 4,      ///< `input` into `output`, by the splits (or evenly).
+  KEEL_COLLECTIVE_SEND = 5,            ///< `tensor` to rank `peer` with `tag`.
+  KEEL_COLLECTIVE_RECV = 6,            ///< Into `tensor` from rank `peer` with `tag`.
+  KEEL_COLLECTIVE_BARRIER = 7,         ///< No tensor.
+} KEEL_Collective;
+
+/// Arguments of `KEEL_Comm_Create` (`keel::comm::CommOptions`). Zero means
+/// the default of every field but `rank`, `world_size` and `generation`,
+/// where -1 does (the C++ face sets them so).
+typedef struct KEEL_Comm_Create_Args {
+  size_t struct_size;                    ///< This struct's size.
+  KEEL_Extension_Base* extension_start;  ///< Extensions, or NULL.
+  int32_t backend;                       ///< A `KEEL_CommBackend`.
+  const char* rendezvous;                ///< "env://" (NULL), "tcp://host:port[?store=external]"
+                                         ///< or "file://path".
+  int32_t rank;                          ///< This rank; -1: from the rendezvous (`RANK`).
+  int32_t world_size;                    ///< The ranks; -1: from the rendezvous (`WORLD_SIZE`).
+  int64_t timeout_ms;                    ///< Bounds creation and each collective; 0: 300000.
+  const char* name;                      ///< The group's name; NULL: "world".
+  int32_t checked;                       ///< Nonzero: check collectives' arguments across ranks.
+  int64_t heartbeat_interval_ms;         ///< Liveness heartbeat; 0: 100.
+  int64_t peer_timeout_ms;               ///< A peer silent this long is lost; 0: 1500.
+  int32_t generation;                    ///< The first generation; -1: torchrun's restart count.
+  int32_t rejoin;                        ///< Nonzero: a restarted rank rejoins the survivors.
+  int32_t dispatch_backend;              ///< A `KEEL_Backend`: which adapter serves it.
+  KEEL_Comm* comm;                       ///< Out: the communicator.
+} KEEL_Comm_Create_Args;
+/// Rendezvous and creates a communicator (a bounded wait: `timeout_ms`).
+typedef KEEL_Error* KEEL_Comm_Create_Fn(KEEL_Comm_Create_Args* args);
+
+/// Arguments of `KEEL_Comm_Destroy`.
+typedef struct KEEL_Comm_Destroy_Args {
+  size_t struct_size;                    ///< This struct's size.
+  KEEL_Extension_Base* extension_start;  ///< Extensions, or NULL.
+  KEEL_Comm* comm;                       ///< The handle to free; NULL is a no-op.
+} KEEL_Comm_Destroy_Args;
+/// Frees a handle; work in flight keeps what it needs.
+typedef void KEEL_Comm_Destroy_Fn(KEEL_Comm_Destroy_Args* args);
+
+/// Arguments of `KEEL_Comm_Info`.
+typedef struct KEEL_Comm_Info_Args {
+  size_t struct_size;                    ///< This struct's size.
+  KEEL_Extension_Base* extension_start;  ///< Extensions, or NULL.
+  const KEEL_Comm* comm;                 ///< The communicator.
+  int32_t rank;                          ///< Out: this rank.
+  int32_t size;                          ///< Out: the ranks.
+  int32_t local_rank;                    ///< Out: the rank on this host.
+  int32_t generation;                    ///< Out: the generation (after reforms).
+  int32_t aborted;                       ///< Out: nonzero once aborted.
+  const char* name;                      ///< Out: the group's name, alive as long as `comm`.
+} KEEL_Comm_Info_Args;
+/// What the communicator is.
+typedef KEEL_Error* KEEL_Comm_Info_Fn(KEEL_Comm_Info_Args* args);
+
+/// Arguments of `KEEL_Comm_Collective`. Tensors the collective writes
+/// (`tensor` of all_reduce, broadcast and recv; `output`) are the caller's
+/// memory, written in place, and must not be read-only. With `async`, the
+/// caller keeps every tensor alive until the work completes.
+typedef struct KEEL_Comm_Collective_Args {
+  size_t struct_size;                       ///< This struct's size.
+  KEEL_Extension_Base* extension_start;     ///< Extensions, or NULL.
+  KEEL_Comm* comm;                          ///< The communicator.
+  int32_t collective;                       ///< A `KEEL_Collective`.
+  struct DLManagedTensorVersioned* tensor;  ///< In place (see `KEEL_Collective`).
+  struct DLManagedTensorVersioned* output;  ///< Written.
+  struct DLManagedTensorVersioned* input;   ///< Read.
+  int32_t op;                               ///< A `KEEL_ReduceOp`.
+  int32_t peer;                             ///< The root (broadcast) or peer (send, recv).
+  int32_t tag;                              ///< send/recv's tag.
+  const int64_t* output_splits;             ///< all_to_all: rows from each rank, or NULL.
+  size_t num_output_splits;                 ///< 0 or the ranks.
+  const int64_t* input_splits;              ///< all_to_all: rows to each rank, or NULL.
+  size_t num_input_splits;                  ///< 0 or the ranks.
+  int64_t timeout_ms;                       ///< This call's bound; 0: the communicator's.
+  int32_t async;                            ///< Nonzero: return at once with `work`.
+  void* stream;                             ///< The CUDA stream; NULL for CPU tensors.
+  KEEL_Work* work;                          ///< Out, with `async`: the work in flight.
+} KEEL_Comm_Collective_Args;
+/// Runs one collective. A timeout aborts the communicator
+/// (`KEEL_ERRC_TIMEOUT`); a dead peer is `KEEL_ERRC_PEER_LOST` naming it.
+typedef KEEL_Error* KEEL_Comm_Collective_Fn(KEEL_Comm_Collective_Args* args);
+
+/// Arguments of `KEEL_Work_Wait`.
+typedef struct KEEL_Work_Wait_Args {
+  size_t struct_size;                    ///< This struct's size.
+  KEEL_Extension_Base* extension_start;  ///< Extensions, or NULL.
+  KEEL_Work* work;                       ///< The work.
+  int64_t timeout_ms;                    ///< The bound; 0: the call's.
+  int32_t completed;                     ///< Out: nonzero when it completed (also on a
+                                         ///< poll: set `poll`).
+  int32_t poll;                          ///< Nonzero: do not wait, only report `completed`.
+} KEEL_Work_Wait_Args;
+/// Waits (bounded) for an asynchronous collective, or polls it.
+typedef KEEL_Error* KEEL_Work_Wait_Fn(KEEL_Work_Wait_Args* args);
+
+/// Arguments of `KEEL_Work_Destroy`.
+typedef struct KEEL_Work_Destroy_Args {
+  size_t struct_size;                    ///< This struct's size.
+  KEEL_Extension_Base* extension_start;  ///< Extensions, or NULL.
+  KEEL_Work* work;                       ///< The work to free; NULL is a no-op.
+} KEEL_Work_Destroy_Args;
+/// Frees a work handle (the collective itself runs on).
+typedef void KEEL_Work_Destroy_Fn(KEEL_Work_Destroy_Args* args);
+
+/// Arguments of `KEEL_Comm_Split`.
+typedef struct KEEL_Comm_Split_Args {
+  size_t struct_size;                    ///< This struct's size.
+  KEEL_Extension_Base* extension_start;  ///< Extensions, or NULL.
+  const KEEL_Comm* comm;                 ///< The parent.
+  const int32_t* ranks;                  ///< The parent's ranks of the sub-group.
+  size_t num_ranks;                      ///< How many.
+  const char* name;                      ///< Tells sub-groups apart.
+  KEEL_Comm* split;                      ///< Out: the sub-group (called by its members only).
+} KEEL_Comm_Split_Args;
+/// A sub-group (`Communicator::split`).
+typedef KEEL_Error* KEEL_Comm_Split_Fn(KEEL_Comm_Split_Args* args);
+
+/// Arguments of `KEEL_Comm_Reform`.
+typedef struct KEEL_Comm_Reform_Args {
+  size_t struct_size;                    ///< This struct's size.
+  KEEL_Extension_Base* extension_start;  ///< Extensions, or NULL.
+  const KEEL_Comm* comm;                 ///< The failed world.
+  int64_t timeout_ms;                    ///< The bound; 0: the communicator's.
+  int32_t wait_for_replacements;         ///< Nonzero: wait for restarted ranks to rejoin.
+  KEEL_Comm* reformed;                   ///< Out: the next generation's world.
+} KEEL_Comm_Reform_Args;
+/// After a failure, the survivors form the next generation (`reform()`).
+typedef KEEL_Error* KEEL_Comm_Reform_Fn(KEEL_Comm_Reform_Args* args);
+
+/// Arguments of `KEEL_Comm_Abort`.
+typedef struct KEEL_Comm_Abort_Args {
+  size_t struct_size;                    ///< This struct's size.
+  KEEL_Extension_Base* extension_start;  ///< Extensions, or NULL.
+  KEEL_Comm* comm;                       ///< The communicator.
+} KEEL_Comm_Abort_Args;
+/// Aborts the communicator: calls in flight and later fail `KEEL_ERRC_ABORTED`.
+typedef void KEEL_Comm_Abort_Fn(KEEL_Comm_Abort_Args* args);
+
+// ---------------------------------------------------------------- compat
+
+/// A named tensor of a `keel::compat` case.
+typedef struct KEEL_NamedTensor {
+  const char* name;                         ///< The tensor's name.
+  struct DLManagedTensorVersioned* tensor;  ///< The tensor.
+} KEEL_NamedTensor;
+
+/// One case of a service's function (`keel::compat::Case`).
+typedef struct KEEL_Compat_Case {
+  size_t struct_size;              ///< This struct's size.
+  const char* id;                  ///< Unique in the file.
+  const KEEL_NamedTensor* inputs;  ///< Its inputs (borrowed, copied into the file).
+  size_t num_inputs;               ///< How many.
+  int32_t has_tolerance;           ///< Nonzero: judge by `atol`/`rtol`, else the dtype policy.
+  double atol;                     ///< Absolute tolerance (floating outputs).
+  double rtol;                     ///< Relative tolerance (floating outputs).
+} KEEL_Compat_Case;
+
+/// A service's function, run by record and compare once per case and run,
+/// on the caller's thread. `inputs` are the plugin's, valid during the call.
+/// It sets `outputs[0 .. *num_outputs)` (at most `output_capacity`): each
+/// name is copied when the call returns, each tensor is then owned by keel
+/// (which calls its deleter). It returns `KEEL_ERRC_OK`, or a code with a
+/// message in `error`; `KEEL_ERRC_UNSUPPORTED` skips the case.
+typedef int32_t KEEL_Compat_Function(void* user_data, const char* case_id,
+                                     const KEEL_NamedTensor* inputs, size_t num_inputs,
+                                     KEEL_NamedTensor* outputs, size_t output_capacity,
+                                     size_t* num_outputs, char* error, size_t error_capacity);
+
+/// Arguments of `KEEL_Compat_Record`.
+typedef struct KEEL_Compat_Record_Args {
+  size_t struct_size;                    ///< This struct's size.
+  KEEL_Extension_Base* extension_start;  ///< Extensions, or NULL.
+  const char* path;                      ///< The golden file to write (safetensors).
+  const KEEL_Compat_Case* const* cases;  ///< The cases.
+  size_t num_cases;                      ///< How many.
+  KEEL_Compat_Function* function;        ///< The service's function.
+  void* user_data;                       ///< Passed to `function`.
+} KEEL_Compat_Record_Args;
+/// `keel::compat::record`: runs the function on each case and writes inputs,
+/// outputs, tolerance, time and peak memory to `path`.
+typedef KEEL_Error* KEEL_Compat_Record_Fn(KEEL_Compat_Record_Args* args);
+
+/// Arguments of `KEEL_Compat_Compare`.
+typedef struct KEEL_Compat_Compare_Args {
+  size_t struct_size;                    ///< This struct's size.
+  KEEL_Extension_Base* extension_start;  ///< Extensions, or NULL.
+  const char* path;                      ///< The golden file.
+  KEEL_Compat_Function* function;        ///< The service's function.
+  void* user_data;                       ///< Passed to `function`.
+  int32_t repeat;                        ///< Runs per case (determinism); 0: 2.
+  const char* filter;     ///< Case ids containing any comma-separated part; NULL: all.
+  const char* json_path;  ///< Where to write the JSON report, or NULL.
+  const char* html_path;  ///< Where to write the HTML report, or NULL.
+  int32_t passed;         ///< Out: cases within tolerance, deterministically.
+  int32_t failed;         ///< Out: cases that moved (integers exactly).
+  int32_t skipped;        ///< Out: cases the function declined.
+  int32_t errors;         ///< Out: cases the function failed.
+} KEEL_Compat_Compare_Args;
+/// `keel::compat::compare`: replays the file's cases through the function on
+/// this release and judges every output by the tolerance policy.
+typedef KEEL_Error* KEEL_Compat_Compare_Fn(KEEL_Compat_Compare_Args* args);
+
 // ---------------------------------------------------------------- the table
 
 /// The function table a plugin returns. Append-only: a later minor adds
@@ -432,6 +689,18 @@ typedef struct KEEL_Api {
   KEEL_LinearCrossEntropy_Forward_Fn* KEEL_LinearCrossEntropy_Forward;  ///< The fused loss.
   KEEL_LinearCrossEntropy_ForwardBackward_Fn* KEEL_LinearCrossEntropy_ForwardBackward;
   ///< The fused loss with its gradients.
+  KEEL_Comm_Create_Fn* KEEL_Comm_Create;                      ///< Creates a communicator.
+  KEEL_Comm_Destroy_Fn* KEEL_Comm_Destroy;                    ///< Frees a communicator handle.
+  KEEL_Comm_Info_Fn* KEEL_Comm_Info;                          ///< What a communicator is.
+  KEEL_Comm_Collective_Fn* KEEL_Comm_Collective;              ///< Runs a collective.
+  KEEL_Work_Wait_Fn* KEEL_Work_Wait;                          ///< Waits for or polls async work.
+  KEEL_Work_Destroy_Fn* KEEL_Work_Destroy;                    ///< Frees a work handle.
+  KEEL_Comm_Split_Fn* KEEL_Comm_Split;                        ///< A sub-group.
+  KEEL_Comm_Reform_Fn* KEEL_Comm_Reform;                      ///< The survivors' next generation.
+  KEEL_Comm_Abort_Fn* KEEL_Comm_Abort;                        ///< Aborts a communicator.
+  KEEL_Compat_Record_Fn* KEEL_Compat_Record;                  ///< Records a service's function.
+  KEEL_Compat_Compare_Fn* KEEL_Compat_Compare;                ///< Replays and judges it.
+  KEEL_Attention_PackedPaged_Fn* KEEL_Attention_PackedPaged;  ///< Ragged queries, paged cache.
 } KEEL_Api;
 
 /// The entry point's type.

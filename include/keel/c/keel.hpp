@@ -76,6 +76,32 @@ class [[nodiscard]] Result {
   std::variant<T, Error> v_;
 };
 
+/// A zeroed C argument struct with its `struct_size` set.
+template <class T>
+T make_args() {
+  T a;
+  std::memset(&a, 0, sizeof a);
+  a.struct_size = sizeof a;
+  return a;
+}
+
+/// Takes a C call's `KEEL_Error` (NULL: success) into `out` and frees it;
+/// true when there was one. For calls the face does not wrap.
+inline bool take_error(const KEEL_Api* api, KEEL_Error* error, Error& out) {
+  if (error == nullptr) return false;
+  auto code = make_args<KEEL_Error_GetCode_Args>();
+  code.error = error;
+  api->KEEL_Error_GetCode(&code);
+  auto message = make_args<KEEL_Error_Message_Args>();
+  message.error = error;
+  api->KEEL_Error_Message(&message);
+  out = Error(code.code, std::string(message.message, message.message_size));
+  auto destroy = make_args<KEEL_Error_Destroy_Args>();
+  destroy.error = error;
+  api->KEEL_Error_Destroy(&destroy);
+  return true;
+}
+
 /// An owned DLPack tensor: its deleter runs when the `Tensor` goes.
 class Tensor {
  public:
@@ -163,9 +189,7 @@ class Tensor {
 
 /// A mask term of the C ABI, zeroed with its size set.
 inline KEEL_Mask mask(KEEL_MaskKind kind, KEEL_Alignment alignment = KEEL_ALIGN_TOP_LEFT) {
-  KEEL_Mask m;
-  std::memset(&m, 0, sizeof m);
-  m.struct_size = sizeof m;
+  auto m = make_args<KEEL_Mask>();
   m.kind = kind;
   m.alignment = alignment;
   return m;
@@ -239,6 +263,136 @@ struct PluginInfo {
   std::uint32_t api_minor = 0;  ///< The plugin's C ABI minor.
 };
 
+/// An asynchronous collective: wait for it (bounded) before reading or
+/// freeing its tensors.
+class Work {
+ public:
+  /// No work.
+  Work() = default;
+  Work(Work&& other) noexcept
+      : api_(other.api_), w_(std::exchange(other.w_, nullptr)) {}  ///< Moves.
+  /// Moves.
+  Work& operator=(Work&& other) noexcept {
+    std::swap(api_, other.api_);
+    std::swap(w_, other.w_);
+    return *this;
+  }
+  Work(const Work&) = delete;             ///< Not copyable.
+  Work& operator=(const Work&) = delete;  ///< Not copyable.
+  /// Frees the handle (the collective itself runs on).
+  ~Work() {
+    if (w_ != nullptr) {
+      auto a = make_args<KEEL_Work_Destroy_Args>();
+      a.work = w_;
+      api_->KEEL_Work_Destroy(&a);
+    }
+  }
+  /// Waits at most `timeout_ms` (0: the call's bound) for it to complete.
+  Result<bool> wait(std::int64_t timeout_ms = 0) const { return call(timeout_ms, false); }
+  /// Whether it has completed, without waiting.
+  Result<bool> poll() const { return call(0, true); }
+
+ private:
+  friend class Comm;
+  Work(const KEEL_Api* api, KEEL_Work* w) : api_(api), w_(w) {}
+  Result<bool> call(std::int64_t timeout_ms, bool poll) const {
+    auto a = make_args<KEEL_Work_Wait_Args>();
+    a.work = w_;
+    a.timeout_ms = timeout_ms;
+    a.poll = poll;
+    if (Error e; take_error(api_, api_->KEEL_Work_Wait(&a), e)) return e;
+    return a.completed != 0;
+  }
+  const KEEL_Api* api_ = nullptr;
+  KEEL_Work* w_ = nullptr;
+};
+
+/// A communicator (`keel::comm::Communicator` behind the C ABI).
+class Comm {
+ public:
+  /// No communicator.
+  Comm() = default;
+  Comm(Comm&& other) noexcept
+      : api_(other.api_), c_(std::exchange(other.c_, nullptr)) {}  ///< Moves.
+  /// Moves.
+  Comm& operator=(Comm&& other) noexcept {
+    std::swap(api_, other.api_);
+    std::swap(c_, other.c_);
+    return *this;
+  }
+  Comm(const Comm&) = delete;             ///< Not copyable.
+  Comm& operator=(const Comm&) = delete;  ///< Not copyable.
+  /// Frees the handle.
+  ~Comm() {
+    if (c_ != nullptr) {
+      auto a = make_args<KEEL_Comm_Destroy_Args>();
+      a.comm = c_;
+      api_->KEEL_Comm_Destroy(&a);
+    }
+  }
+  /// Rendezvous and creation (`KEEL_Comm_Create`); set `struct_size` with
+  /// `make_args` or use `Plugin::create_comm`.
+  static Result<Comm> create(const KEEL_Api* api, KEEL_Comm_Create_Args args) {
+    if (Error e; take_error(api, api->KEEL_Comm_Create(&args), e)) return e;
+    return Comm(api, args.comm);
+  }
+  /// The handle, for the C calls and the vocabulary-parallel loss.
+  KEEL_Comm* get() const noexcept { return c_; }
+  /// Rank, size, generation and name.
+  Result<KEEL_Comm_Info_Args> info() const {
+    auto a = make_args<KEEL_Comm_Info_Args>();
+    a.comm = c_;
+    if (Error e; take_error(api_, api_->KEEL_Comm_Info(&a), e)) return e;
+    return a;
+  }
+  /// Any collective: `a.comm` is set here; with `a.async`, the work.
+  Result<Work> run(KEEL_Comm_Collective_Args a) const {
+    a.comm = c_;
+    if (Error e; take_error(api_, api_->KEEL_Comm_Collective(&a), e)) return e;
+    return Work(api_, a.work);
+  }
+  /// all_reduce of `tensor` in place.
+  Result<Work> all_reduce(const Tensor& tensor, KEEL_ReduceOp op = KEEL_REDUCE_SUM,
+                          bool async = false) const {
+    auto a = make_args<KEEL_Comm_Collective_Args>();
+    a.collective = KEEL_COLLECTIVE_ALL_REDUCE;
+    a.tensor = tensor.get();
+    a.op = op;
+    a.async = async;
+    return run(a);
+  }
+  /// A sub-group of the given ranks (called by its members).
+  Result<Comm> split(const std::vector<std::int32_t>& ranks, const std::string& name) const {
+    auto a = make_args<KEEL_Comm_Split_Args>();
+    a.comm = c_;
+    a.ranks = ranks.data();
+    a.num_ranks = ranks.size();
+    a.name = name.c_str();
+    if (Error e; take_error(api_, api_->KEEL_Comm_Split(&a), e)) return e;
+    return Comm(api_, a.split);
+  }
+  /// The survivors' next generation, after a failure.
+  Result<Comm> reform(std::int64_t timeout_ms = 0, bool wait_for_replacements = false) const {
+    auto a = make_args<KEEL_Comm_Reform_Args>();
+    a.comm = c_;
+    a.timeout_ms = timeout_ms;
+    a.wait_for_replacements = wait_for_replacements;
+    if (Error e; take_error(api_, api_->KEEL_Comm_Reform(&a), e)) return e;
+    return Comm(api_, a.reformed);
+  }
+  /// Aborts: calls in flight and later fail with `KEEL_ERRC_ABORTED`.
+  void abort() const {
+    auto a = make_args<KEEL_Comm_Abort_Args>();
+    a.comm = c_;
+    api_->KEEL_Comm_Abort(&a);
+  }
+
+ private:
+  Comm(const KEEL_Api* api, KEEL_Comm* c) : api_(api), c_(c) {}
+  const KEEL_Api* api_ = nullptr;
+  KEEL_Comm* c_ = nullptr;
+};
+
 /// Where to find a plugin (`KEEL_LoadOptions`).
 struct LoadOptions {
   std::string torch_release;  ///< Find the plugin of this release ("2.15.0").
@@ -253,9 +407,7 @@ class Plugin {
   /// Finds, checks and loads a plugin (`keel_load_plugin`).
   static Result<Plugin> load(const LoadOptions& options) {
     char error[1024] = {0};
-    KEEL_LoadOptions o;
-    std::memset(&o, 0, sizeof o);
-    o.struct_size = sizeof o;
+    auto o = make_args<KEEL_LoadOptions>();
     o.plugin_path = options.plugin_path.empty() ? nullptr : options.plugin_path.c_str();
     o.torch_release = options.torch_release.empty() ? nullptr : options.torch_release.c_str();
     o.flavour = options.flavour.empty() ? nullptr : options.flavour.c_str();
@@ -267,6 +419,18 @@ class Plugin {
     return Plugin(o.api, o.resolved_path);
   }
 
+  /// A communicator; `args` from `comm_options()`, adjusted.
+  Result<Comm> create_comm(const KEEL_Comm_Create_Args& args) const {
+    return Comm::create(api_, args);
+  }
+  /// Communicator options with every default (rank, world size and
+  /// generation from the rendezvous).
+  static KEEL_Comm_Create_Args comm_options() {
+    auto a = make_args<KEEL_Comm_Create_Args>();
+    a.rank = a.world_size = a.generation = -1;
+    return a;
+  }
+
   /// The table, for calls the face does not wrap.
   const KEEL_Api* api() const noexcept { return api_; }
   /// The file it was loaded from.
@@ -274,9 +438,7 @@ class Plugin {
 
   /// What the plugin is.
   Result<PluginInfo> info() const {
-    KEEL_Plugin_Info_Args a;
-    std::memset(&a, 0, sizeof a);
-    a.struct_size = sizeof a;
+    auto a = make_args<KEEL_Plugin_Info_Args>();
     if (Error e; failed(api_->KEEL_Plugin_Info(&a), e)) return e;
     return PluginInfo{
         a.keel_version, a.torch_release,   a.torch_loaded,          a.torch_abi_version,
@@ -287,9 +449,7 @@ class Plugin {
   /// adapter's name, or "" when none does.
   Result<std::string> serves(KEEL_Operation operation, DLDataType dtype,
                              KEEL_Backend backend = KEEL_BACKEND_UNSET) const {
-    KEEL_Capability_Query_Args a;
-    std::memset(&a, 0, sizeof a);
-    a.struct_size = sizeof a;
+    auto a = make_args<KEEL_Capability_Query_Args>();
     a.operation = operation;
     a.backend = backend;
     a.dtype = dtype;
@@ -301,9 +461,7 @@ class Plugin {
   /// `keel::attention(q, k, v, spec)`; `spec` may be NULL.
   Result<AttentionResult> attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const KEEL_AttentionSpec* spec, bool return_lse = false) const {
-    KEEL_Attention_Forward_Args a;
-    std::memset(&a, 0, sizeof a);
-    a.struct_size = sizeof a;
+    auto a = make_args<KEEL_Attention_Forward_Args>();
     a.q = q.get();
     a.k = k.get();
     a.v = v.get();
@@ -317,9 +475,7 @@ class Plugin {
   Result<AttentionGradients> attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                                 const KEEL_AttentionSpec* spec,
                                                 const Tensor& dout) const {
-    KEEL_Attention_Backward_Args a;
-    std::memset(&a, 0, sizeof a);
-    a.struct_size = sizeof a;
+    auto a = make_args<KEEL_Attention_Backward_Args>();
     a.q = q.get();
     a.k = k.get();
     a.v = v.get();
@@ -335,9 +491,7 @@ class Plugin {
                                           const Tensor& v_pages, const Tensor& page_table,
                                           const Tensor& lengths, const KEEL_AttentionSpec* spec,
                                           bool return_lse = false) const {
-    KEEL_Attention_Paged_Args a;
-    std::memset(&a, 0, sizeof a);
-    a.struct_size = sizeof a;
+    auto a = make_args<KEEL_Attention_Paged_Args>();
     a.q = q.get();
     a.k_pages = k_pages.get();
     a.v_pages = v_pages.get();
@@ -349,12 +503,30 @@ class Plugin {
     return AttentionResult{Tensor::adopt(a.out), Tensor::adopt(a.lse), a.served_backend};
   }
 
+  /// Packed ragged queries `[T, Hq, E]` (offsets `cu_seqlens_q`) against a
+  /// paged cache: a serving step in one call.
+  Result<AttentionResult> attention_packed_paged(const Tensor& q, const Tensor& cu_seqlens_q,
+                                                 const Tensor& k_pages, const Tensor& v_pages,
+                                                 const Tensor& page_table, const Tensor& lengths,
+                                                 const KEEL_AttentionSpec* spec,
+                                                 bool return_lse = false) const {
+    auto a = make_args<KEEL_Attention_PackedPaged_Args>();
+    a.q = q.get();
+    a.cu_seqlens_q = cu_seqlens_q.get();
+    a.k_pages = k_pages.get();
+    a.v_pages = v_pages.get();
+    a.page_table = page_table.get();
+    a.lengths = lengths.get();
+    a.spec = spec;
+    a.return_lse = return_lse;
+    if (Error e; failed(api_->KEEL_Attention_PackedPaged(&a), e)) return e;
+    return AttentionResult{Tensor::adopt(a.out), Tensor::adopt(a.lse), a.served_backend};
+  }
+
   /// `keel::logsumexp(input, {dim, keepdim, mask})`; `mask` may be empty.
   Result<Tensor> logsumexp(const Tensor& input, std::int64_t dim, bool keepdim = false,
                            const Tensor& mask = Tensor()) const {
-    KEEL_Logsumexp_Args a;
-    std::memset(&a, 0, sizeof a);
-    a.struct_size = sizeof a;
+    auto a = make_args<KEEL_Logsumexp_Args>();
     a.input = input.get();
     a.dim = dim;
     a.keepdim = keepdim;
@@ -366,9 +538,7 @@ class Plugin {
   /// The fused loss, forward only; `options` may be NULL (every default).
   Result<LossResult> loss_forward(const Tensor& hidden, const Tensor& weight, const Tensor& target,
                                   const KEEL_LinearCrossEntropy_Options* options) const {
-    KEEL_LinearCrossEntropy_Forward_Args a;
-    std::memset(&a, 0, sizeof a);
-    a.struct_size = sizeof a;
+    auto a = make_args<KEEL_LinearCrossEntropy_Forward_Args>();
     a.hidden = hidden.get();
     a.weight = weight.get();
     a.target = target.get();
@@ -387,9 +557,7 @@ class Plugin {
                                            const Tensor& target,
                                            const KEEL_LinearCrossEntropy_Options* options,
                                            const Tensor& dloss = Tensor()) const {
-    KEEL_LinearCrossEntropy_ForwardBackward_Args a;
-    std::memset(&a, 0, sizeof a);
-    a.struct_size = sizeof a;
+    auto a = make_args<KEEL_LinearCrossEntropy_ForwardBackward_Args>();
     a.hidden = hidden.get();
     a.weight = weight.get();
     a.target = target.get();
@@ -409,27 +577,7 @@ class Plugin {
 
  private:
   Plugin(const KEEL_Api* api, const char* path) : api_(api), path_(path ? path : "") {}
-  // Takes a call's KEEL_Error into `out` and frees it; true when there was one.
-  bool failed(KEEL_Error* error, Error& out) const {
-    if (error == nullptr) return false;
-    KEEL_Error_GetCode_Args code;
-    std::memset(&code, 0, sizeof code);
-    code.struct_size = sizeof code;
-    code.error = error;
-    api_->KEEL_Error_GetCode(&code);
-    KEEL_Error_Message_Args message;
-    std::memset(&message, 0, sizeof message);
-    message.struct_size = sizeof message;
-    message.error = error;
-    api_->KEEL_Error_Message(&message);
-    out = Error(code.code, std::string(message.message, message.message_size));
-    KEEL_Error_Destroy_Args destroy;
-    std::memset(&destroy, 0, sizeof destroy);
-    destroy.struct_size = sizeof destroy;
-    destroy.error = error;
-    api_->KEEL_Error_Destroy(&destroy);
-    return true;
-  }
+  bool failed(KEEL_Error* error, Error& out) const { return take_error(api_, error, out); }
   const KEEL_Api* api_;
   std::string path_;
 };

@@ -239,5 +239,63 @@ struct PagedKVCache {
 KEEL_API result<AttentionOutput> attention(const at::Tensor& q, const PagedKVCache& cache,
                                            const AttentionSpec& spec = {});
 
+/// Queries of B sequences packed along one axis without padding, as
+/// FlashAttention's varlen calls and FlashInfer's ragged batches take them
+/// (a serving step mixing decodes, speculative tokens and prefill chunks):
+/// sequence b's queries are rows `cu_seqlens_q[b]` .. `cu_seqlens_q[b+1]-1`.
+struct PackedQueries {
+  /// `[T, Hq, E]`: T queries in all.
+  at::Tensor q;
+  /// Integer `[B + 1]`, on the CPU: 0, non-decreasing offsets, ending at T.
+  at::Tensor cu_seqlens_q;
+};
+
+/// Keys and values of B sequences packed the same way (training on
+/// documents without padding): sequence b's keys are rows
+/// `cu_seqlens_k[b]` .. `cu_seqlens_k[b+1]-1`.
+struct PackedKeys {
+  /// `[S, Hkv, E]`.
+  at::Tensor k;
+  /// `[S, Hkv, Ev]`.
+  at::Tensor v;
+  /// Integer `[B + 1]`, on the CPU: 0, non-decreasing offsets, ending at S.
+  at::Tensor cu_seqlens_k;
+};
+
+/// Attention of packed ragged queries against a paged cache, in one call:
+/// each sequence b is `attention(q_b, its cache row, spec)` with its own
+/// queries `[1, Hq, Lq_b, E]` and `lengths[b]` keys, so bottom-right
+/// alignment puts each sequence's last query at its own last key.
+///
+/// The result's `out` is `[T, Hq, Ev]` and `lse` `[T, Hq]`, row for row with
+/// `q.q`. Masks keep their meaning per sequence; their per-sequence tensors
+/// take a packed form: `prefix_lengths` and `kv_lengths` `[B]`,
+/// `q_document_ids` `[T]` (per query), `kv_document_ids` `[B, max_pages *
+/// page_size]`. Softcap and ALiBi apply as in a single call; `bias`, block
+/// masks and boolean mask tensors have no packed form and are
+/// `invalid_argument`. A sequence of 0 queries contributes no row; one of 0
+/// keys gives rows of 0 with lse -inf. An inference call, as the paged one.
+///
+/// @snippet examples/snippets/header_snippets.cpp attention_packed
+///
+/// Errors: `invalid_argument` naming the field for bad offsets (not starting
+/// at 0, decreasing, not ending at T, or a count that is not the table's
+/// rows + 1) and for everything the paged call refuses, never a read out of
+/// bounds.
+KEEL_API result<AttentionOutput> attention(const PackedQueries& q, const PagedKVCache& cache,
+                                           const AttentionSpec& spec = {});
+
+/// Attention of packed ragged queries against packed keys and values (the
+/// varlen layout): sequence b's queries attend to sequence b's keys only,
+/// as `attention(q_b, k_b, v_b, spec)`. `out` `[T, Hq, Ev]`, `lse` `[T, Hq]`;
+/// the per-sequence tensors of masks are as above but `kv_document_ids`,
+/// which is packed `[S]` like the keys. Differentiable with respect to
+/// `q.q`, `kv.k` and `kv.v` through autograd.
+///
+/// Errors: `invalid_argument` naming the field for bad offsets or a
+/// sequence count that differs between queries and keys.
+KEEL_API result<AttentionOutput> attention(const PackedQueries& q, const PackedKeys& kv,
+                                           const AttentionSpec& spec = {});
+
 }  // namespace v1
 }  // namespace keel
