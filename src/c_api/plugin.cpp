@@ -360,6 +360,33 @@ KEEL_Error* capability_query(KEEL_Capability_Query_Args* args) noexcept {
 
 // ---------------------------------------------------------------- attention
 
+// The paged cache of a paged call's arguments (both name its fields alike).
+template <class Args>
+result<PagedKVCache> cache_of(const Args& a, Inputs& in) {
+  PagedKVCache cache;
+  const std::pair<at::Tensor*, std::pair<const DLManagedTensorVersioned*, const char*>> fields[] = {
+      {&cache.k_pages, {a.k_pages, "k_pages"}},
+      {&cache.v_pages, {a.v_pages, "v_pages"}},
+      {&cache.page_table, {a.page_table, "page_table"}},
+      {&cache.lengths, {a.lengths, "lengths"}},
+  };
+  for (const auto& [field, source] : fields) {
+    result<at::Tensor> t = in.take(source.first, source.second);
+    if (!t) return t.error();
+    *field = t.value();
+  }
+  return cache;
+}
+
+// An attention call's outputs, handed to the caller.
+template <class Args>
+KEEL_Error* give_attention(Args* args, const Inputs& in, const AttentionOutput& r) {
+  args->out = in.give(r.out);
+  args->lse = in.give(r.lse);
+  args->served_backend = served(r.dispatch);
+  return nullptr;
+}
+
 KEEL_Error* attention_forward(KEEL_Attention_Forward_Args* args) noexcept {
   return guarded("KEEL_Attention_Forward", [&]() -> KEEL_Error* {
     KEEL_TRY(a, sized(args, KEEL_STRUCT_SIZE(KEEL_Attention_Forward_Args, served_backend),
@@ -372,10 +399,7 @@ KEEL_Error* attention_forward(KEEL_Attention_Forward_Args* args) noexcept {
     KEEL_TRY(spec, spec_of(a.spec, in));
     spec.return_lse = a.return_lse != 0;
     KEEL_TRY(r, attention(q, k, v, spec));
-    args->out = in.give(r.out);
-    args->lse = in.give(r.lse);
-    args->served_backend = served(r.dispatch);
-    return nullptr;
+    return give_attention(args, in, r);
   });
 }
 
@@ -424,23 +448,12 @@ KEEL_Error* attention_paged(KEEL_Attention_Paged_Args* args) noexcept {
     if (a.stream != nullptr) return make_error(KEEL_ERRC_INVALID_ARGUMENT, kCpuStream);
     Inputs in;
     KEEL_TRY(q, in.take(a.q, "q"));
-    PagedKVCache cache;
-    KEEL_TRY(kp, in.take(a.k_pages, "k_pages"));
-    KEEL_TRY(vp, in.take(a.v_pages, "v_pages"));
-    KEEL_TRY(table, in.take(a.page_table, "page_table"));
-    KEEL_TRY(lengths, in.take(a.lengths, "lengths"));
-    cache.k_pages = kp;
-    cache.v_pages = vp;
-    cache.page_table = table;
-    cache.lengths = lengths;
+    KEEL_TRY(cache, cache_of(a, in));
     KEEL_TRY(spec, spec_of(a.spec, in));
     spec.return_lse = a.return_lse != 0;
     c10::NoGradGuard no_grad;
     KEEL_TRY(r, attention(q, cache, spec));
-    args->out = in.give(r.out);
-    args->lse = in.give(r.lse);
-    args->served_backend = served(r.dispatch);
-    return nullptr;
+    return give_attention(args, in, r);
   });
 }
 
@@ -450,28 +463,14 @@ KEEL_Error* attention_packed_paged(KEEL_Attention_PackedPaged_Args* args) noexce
                       "KEEL_Attention_PackedPaged_Args"));
     if (a.stream != nullptr) return make_error(KEEL_ERRC_INVALID_ARGUMENT, kCpuStream);
     Inputs in;
-    PackedQueries packed;
     KEEL_TRY(q, in.take(a.q, "q"));
     KEEL_TRY(cu, in.take(a.cu_seqlens_q, "cu_seqlens_q"));
-    packed.q = q;
-    packed.cu_seqlens_q = cu;
-    PagedKVCache cache;
-    KEEL_TRY(kp, in.take(a.k_pages, "k_pages"));
-    KEEL_TRY(vp, in.take(a.v_pages, "v_pages"));
-    KEEL_TRY(table, in.take(a.page_table, "page_table"));
-    KEEL_TRY(lengths, in.take(a.lengths, "lengths"));
-    cache.k_pages = kp;
-    cache.v_pages = vp;
-    cache.page_table = table;
-    cache.lengths = lengths;
+    KEEL_TRY(cache, cache_of(a, in));
     KEEL_TRY(spec, spec_of(a.spec, in));
     spec.return_lse = a.return_lse != 0;
     c10::NoGradGuard no_grad;
-    KEEL_TRY(r, attention(packed, cache, spec));
-    args->out = in.give(r.out);
-    args->lse = in.give(r.lse);
-    args->served_backend = served(r.dispatch);
-    return nullptr;
+    KEEL_TRY(r, attention(PackedQueries{q, cu}, cache, spec));
+    return give_attention(args, in, r);
   });
 }
 
