@@ -79,7 +79,7 @@ stage "$keel_newest CUDA: build"
 golden=build/upgrade-check/golden-$keel_golden.safetensors
 mkdir -p build/upgrade-check
 (
-  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:suppressions=$PWD/tests/sanitizers/asan.supp
   export LSAN_OPTIONS=suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressions=0
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=$PWD/tests/sanitizers/ubsan.supp
   "$(build_dir "$keel_golden" sanitize)/keel-compat" record --out "$golden"
@@ -117,13 +117,13 @@ consumer_golden=build/upgrade-check/c-consumer-$keel_golden.safetensors
 consumer_hash=$(sha256sum "$consumer" | cut -d' ' -f1)
 echo "keel: ===== one C consumer binary, sha256 $consumer_hash ====="
 (
-  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:suppressions=$PWD/tests/sanitizers/asan.supp
   export LSAN_OPTIONS=suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressions=0
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=$PWD/tests/sanitizers/ubsan.supp
   "$consumer" record --out "$consumer_golden" --plugin \
     "$(build_dir "$keel_golden" sanitize)/libkeel-plugin-$keel_golden-cpu.so"
   # Leaks are the sanitizer suite's to find; here the other releases' libtorch runs.
-  export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1
+  export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:suppressions=$PWD/tests/sanitizers/asan.supp
   for r in "${keel_ci_extra[@]}" "$keel_newest"; do
     "$consumer" compare --golden "$consumer_golden" --torch-release "$r" \
       --plugin-dir "$(build_dir "$r" release)"
