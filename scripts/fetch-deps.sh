@@ -26,6 +26,7 @@ debian_packages=(
   build-essential cmake ninja-build ccache unzip iproute2 nftables
   libabsl-dev libboost-dev libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev doxygen abigail-tools clang libclang-rt-14-dev llvm
+  libcpp-httplib-dev pkg-config
 )
 
 missing=()
@@ -113,11 +114,12 @@ if [ ! -f "$gloo_dir/.complete" ]; then
   rm -rf "$gloo_dir" && mv "$gloo_dir.tmp" "$gloo_dir"
 fi
 # Python's safetensors and numpy, in keel's own virtual environment: the
-# tests open keel-compat's files with them, as a Python user would.
+# tests open keel-compat's files with them, as a Python user would, and
+# stream from examples/serve with the openai client.
 venv="$deps_dir/venv"
-if ! "$venv/bin/python" -c 'import safetensors, numpy' 2>/dev/null; then
-  echo "keel: making $venv with safetensors and numpy"
-  python3 -m venv "$venv"
-  "$venv/bin/python" -m pip install --quiet 'safetensors>=0.4' 'numpy>=1.24'
+if ! "$venv/bin/python" -c 'import safetensors, numpy, openai' 2>/dev/null; then
+  echo "keel: making $venv with safetensors, numpy and openai"
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet 'safetensors>=0.4' 'numpy>=1.24' 'openai>=1.40'
 fi
 echo "keel: dependencies ready in $deps_dir"

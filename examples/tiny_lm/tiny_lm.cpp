@@ -17,11 +17,13 @@
 //   tiny_lm [--steps N] [--ranks R] [--threads T] [--text PATH]
 //           [--record FILE | --compare FILE [--repeat N] [--json F] [--html F]]
 //           [--curve F] [--regression none|no_mask|no_zero_grad] [--perturb SEED]
+//           [--save-weights F]
 //
 // --curve writes the curve, the figures and the trained model's text as
 // JSON for the upgrade report; --regression injects a bug the band must
 // catch; --perturb moves the initial weights by an ulp (how the band was
-// calibrated).
+// calibrated); --save-weights writes the trained model and its vocabulary
+// for examples/serve (model.h).
 //
 // Exit status: 0 when the run (and the comparison, if any) passed; 1 when
 // the comparison failed, the loss did not fall below the unigram entropy,
@@ -52,6 +54,8 @@
 #include <c10/core/GradMode.h>
 #include <keel/keel.h>
 
+#include "model.h"
+
 extern char** environ;
 
 namespace {
@@ -68,6 +72,7 @@ struct Config {
   std::string store;  // file:// store path, set by the launcher
   std::string record, compare, json, html, curve;
   std::string regression = "none";
+  std::string save_weights;
   int perturb = 0;  // > 0: initial weights moved by about one float32 ulp, this seed
   // The model.
   std::int64_t dim = 96, layers = 3, q_heads = 4, kv_heads = 2, context = 64, window = 32;
@@ -91,13 +96,11 @@ struct SplitMix {
   }
 };
 
-// --- the model ---------------------------------------------------------------
+// --- the model (examples/tiny_lm/model.h) -----------------------------------
 
-using Params = std::map<std::string, at::Tensor>;
-
-std::string layer_name(std::int64_t l, const char* what) {
-  return "layer" + std::to_string(l) + "/" + what;
-}
+using tiny_lm::layer_name;
+using tiny_lm::Params;
+using tiny_lm::rms_norm;
 
 // Initial weights, from torch's generator seeded here: stored in the golden
 // file as inputs, so another release replays the same weights.
@@ -123,19 +126,12 @@ Params init_params(const Config& cfg, std::int64_t vocab) {
   return p;
 }
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& g) {
-  return x * at::rsqrt(x.pow(2).mean(-1, true) + 1e-6) * g;
-}
-
 // Rotary position embedding of x [B, H, T, E] at positions offset.. .
 at::Tensor rope(const at::Tensor& x, std::int64_t offset) {
-  const std::int64_t t = x.size(2), e = x.size(3), half = e / 2;
-  const at::Tensor inv = at::pow(10000.0, -at::arange(half, at::kFloat) * 2.0 / e);
-  const at::Tensor pos = at::arange(offset, offset + t, at::kFloat);
-  const at::Tensor angle = at::outer(pos, inv);  // [T, E/2]
-  const at::Tensor cos = angle.cos(), sin = angle.sin();
-  const at::Tensor x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
-  return at::cat({x1 * cos - x2 * sin, x1 * sin + x2 * cos}, -1);
+  const std::int64_t t = x.size(2);
+  const auto [cos, sin] =
+      tiny_lm::rope_angles(at::arange(offset, offset + t, at::kFloat), x.size(3));
+  return tiny_lm::rotate(x, cos, sin);
 }
 
 // A layer's keys and values after RoPE, [1, Hkv, T, E], kept for decoding.
@@ -245,6 +241,7 @@ at::Tensor generate(const Config& cfg, const Params& p, const at::Tensor& prompt
 struct Outcome {
   keel::compat::Tensors outputs;
   at::Tensor generated;  // by the trained model
+  Params trained;
   double kv_max_diff = 0;
   double tokens_per_s = 0;
 };
@@ -347,6 +344,7 @@ Outcome train(const Config& cfg, keel::comm::Communicator& comm, const keel::com
   double trained_diff = 0;
   out.generated = generate(cfg, p, prompt, &trained_diff);
   out.kv_max_diff = std::max(out.kv_max_diff, trained_diff);
+  out.trained = p;
   return out;
 }
 
@@ -488,6 +486,10 @@ int run_rank(Config cfg) {
     if (path != cfg.record) std::remove(path.c_str());
   }
   if (cfg.rank != 0) return status;
+  if (!cfg.save_weights.empty()) {
+    tiny_lm::Shape shape{cfg.dim, cfg.layers, cfg.q_heads, cfg.kv_heads, cfg.window};
+    tiny_lm::save_weights(cfg.save_weights, {shape, last.trained, corpus->byte_of});
+  }
 
   const at::Tensor curve = last.outputs.at("loss_curve");
   const auto eval = last.outputs.at("eval_loss").item<double>();
@@ -579,7 +581,7 @@ int usage(const char* why) {
   std::cerr << "tiny_lm: " << why
             << "\nusage: tiny_lm [--steps N] [--ranks R] [--threads T] [--text PATH] "
                "[--record FILE | --compare FILE [--repeat N] [--json F] [--html F]] [--curve F] "
-               "[--regression none|no_mask|no_zero_grad] [--perturb SEED]\n";
+               "[--regression none|no_mask|no_zero_grad] [--perturb SEED] [--save-weights F]\n";
   return 2;
 }
 
@@ -595,11 +597,15 @@ int main(int argc, char** argv) {
         {"--steps", {&cfg.steps, 25}},    {"--ranks", {&cfg.ranks, 1}},
         {"--threads", {&cfg.threads, 1}}, {"--repeat", {&cfg.repeat, 1}},
         {"--rank", {&cfg.rank, 0}},       {"--perturb", {&cfg.perturb, 1}}};
-    const std::map<std::string, std::string*> strings = {
-        {"--text", &cfg.text},     {"--store", &cfg.store},
-        {"--record", &cfg.record}, {"--compare", &cfg.compare},
-        {"--json", &cfg.json},     {"--html", &cfg.html},
-        {"--curve", &cfg.curve},   {"--regression", &cfg.regression}};
+    const std::map<std::string, std::string*> strings = {{"--text", &cfg.text},
+                                                         {"--store", &cfg.store},
+                                                         {"--record", &cfg.record},
+                                                         {"--compare", &cfg.compare},
+                                                         {"--json", &cfg.json},
+                                                         {"--html", &cfg.html},
+                                                         {"--curve", &cfg.curve},
+                                                         {"--regression", &cfg.regression},
+                                                         {"--save-weights", &cfg.save_weights}};
     bool ok = true;
     if (const auto n = numbers.find(a); n != numbers.end()) {
       char* end = nullptr;

@@ -1,0 +1,170 @@
+// The serving engine of examples/serve: a page allocator for the KV cache,
+// a scheduler that batches requests step by step, and the tiny LM's forward
+// over packed ragged queries (keel::attention(PackedQueries, PagedKVCache)).
+// One thread (the engine's loop) owns the cache, the pages and the running
+// requests; HTTP threads only submit, cancel and read events.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "../tiny_lm/model.h"
+
+namespace serve {
+
+using Clock = std::chrono::steady_clock;
+
+/// How requests share the model (docs/serving.md compares the three).
+enum class Batching {
+  continuous,  ///< requests join and leave between steps
+  static_,     ///< a batch forms when the last one is done; finished rows are padded
+  serial,      ///< one request at a time
+};
+
+/// A fixed pool of KV-cache pages with a free list. Only the engine's loop
+/// allocates and frees; `free_pages()` may be read from any thread.
+class PagePool {
+ public:
+  explicit PagePool(std::int64_t pages);
+  /// n pages, or nullopt (and nothing taken) when fewer are free.
+  std::optional<std::vector<std::int64_t>> allocate(std::int64_t n);
+  /// Returns pages to the pool; a page that is not allocated is a bug and throws.
+  void release(std::vector<std::int64_t>& pages);
+  [[nodiscard]] std::int64_t total() const { return static_cast<std::int64_t>(used_.size()); }
+  [[nodiscard]] std::int64_t free_pages() const { return free_count_.load(); }
+
+ private:
+  std::vector<std::int64_t> free_;
+  std::vector<bool> used_;
+  std::atomic<std::int64_t> free_count_{0};
+};
+
+/// What the engine tells a request's HTTP thread: text as it is generated,
+/// then one final event.
+struct Event {
+  std::string text;
+  bool final = false;
+  std::string finish_reason;  // "stop" or "length" on a final event without error
+  std::string error;          // set on a final event when the request failed
+  std::int64_t prompt_tokens = 0, completion_tokens = 0;
+};
+
+/// What a client asked for, already validated.
+struct Params {
+  std::vector<std::int64_t> prompt;
+  std::int64_t max_tokens = 16;
+  double temperature = 1.0;
+  std::uint64_t seed = 0;
+  std::vector<std::string> stop;
+};
+
+/// One request, shared between its HTTP thread and the engine.
+class Request {
+ public:
+  /// The next event, waiting at most `wait`; nullopt if none came.
+  std::optional<Event> next(std::chrono::milliseconds wait);
+  /// Asks the engine to stop this request and free its pages (between steps).
+  void cancel() { cancelled_.store(true); }
+
+ private:
+  friend class Engine;
+  void post(Event e);
+
+  Params params_;
+  std::uint64_t id_ = 0;
+  std::vector<std::int64_t> tokens_;  // the prompt, then what was generated
+  std::vector<std::int64_t> pages_;
+  std::int64_t computed_ = 0;  // tokens whose keys and values are in the cache
+  std::string text_;           // generated text; sent_ of it went out
+  std::size_t sent_ = 0;
+  std::uint64_t rng_ = 0;
+  bool finished_ = false;  // static batching: a padded row until the batch ends
+
+  std::atomic<bool> cancelled_{false};
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Event> events_;
+};
+
+struct EngineOptions {
+  Batching batching = Batching::continuous;
+  std::int64_t pages = 512;     ///< KV-cache pages (per layer, same ids)
+  std::int64_t page_size = 16;  ///< keys per page
+  std::int64_t max_model_len = 512;
+  std::int64_t max_batch = 64;      ///< sequences in one step
+  std::int64_t token_budget = 512;  ///< tokens in one step (decodes first, then prefill chunks)
+  std::int64_t max_waiting = 1024;  ///< queued requests beyond which submit() refuses
+};
+
+/// What /keel/stats reports.
+struct Stats {
+  std::int64_t pages_total = 0, pages_free = 0, running = 0, waiting = 0;
+  std::int64_t steps = 0, tokens_generated = 0, failed_steps = 0;
+};
+
+class Engine {
+ public:
+  /// Throws std::invalid_argument when the cache cannot hold one sequence
+  /// of max_model_len (so an admitted request can always run alone).
+  Engine(tiny_lm::Weights weights, EngineOptions options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  /// Queues a validated request; nullptr with `*why` when the queue is full
+  /// or the engine has stopped (the HTTP status for it in `*status`).
+  std::shared_ptr<Request> submit(Params params, std::string* why, int* status);
+  /// Tokenizes text into the model's vocabulary; nullopt with `*why` naming
+  /// the first character it does not know.
+  std::optional<std::vector<std::int64_t>> encode(const std::string& text, std::string* why) const;
+  [[nodiscard]] std::int64_t vocabulary() const {
+    return static_cast<std::int64_t>(weights_.byte_of.size());
+  }
+  [[nodiscard]] const EngineOptions& options() const { return options_; }
+  [[nodiscard]] Stats stats();
+  /// Stops the loop; running and queued requests end with an error event.
+  void stop();
+
+ private:
+  struct Row {  // one sequence's share of a step
+    std::shared_ptr<Request> request;
+    std::int64_t first = 0, count = 0;  // tokens_[first, first + count) go in
+  };
+  void loop();
+  void admit();
+  std::vector<Row> schedule();
+  void run_step(const std::vector<Row>& rows);
+  void emit_token(Request& r, std::int64_t token);
+  void finish(const std::shared_ptr<Request>& r, const std::string& reason,
+              const std::string& error);
+  void drop_finished();
+  std::int64_t sample(Request& r, const at::Tensor& logits);
+
+  tiny_lm::Weights weights_;
+  EngineOptions options_;
+  PagePool pool_;
+  std::vector<at::Tensor> k_pages_, v_pages_;  // per layer [P, Hkv, page_size, E]
+
+  std::mutex mutex_;  // guards waiting_, stopping_ and the counters
+  std::condition_variable wake_;
+  std::deque<std::shared_ptr<Request>> waiting_;
+  bool stopping_ = false;
+  std::uint64_t next_id_ = 1;
+  std::atomic<std::int64_t> running_count_{0}, steps_{0}, generated_{0}, failed_steps_{0};
+
+  std::vector<std::shared_ptr<Request>> running_;  // the loop's own
+  std::thread thread_;
+};
+
+}  // namespace serve

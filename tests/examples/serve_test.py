@@ -1,0 +1,222 @@
+"""examples/serve end to end: keel-serve streams to the openai Python client,
+its greedy text equals tiny_lm's own KV-cache decode, batching leaves every
+request's text unchanged, and bad requests, departed clients and a queued
+request that leaves all get a clear answer or a clean release of their
+pages. After every scenario the allocator's count is checked: every page is
+free once nothing runs.
+
+  serve_test.py KEEL_SERVE TINY_LM WORK_DIR
+"""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import openai
+
+serve, tiny_lm, work = sys.argv[1:4]
+os.makedirs(work, exist_ok=True)
+os.chdir(work)
+PROMPT = "The GNU General Public License is "
+
+# A model to serve: tiny_lm trained briefly on one rank; its own greedy
+# decode of PROMPT (contiguous KV cache, one sequence) is the reference.
+out = subprocess.run([tiny_lm, "--steps", "100", "--ranks", "1", "--save-weights", "w.pt"],
+                     capture_output=True, text=True, timeout=600)
+assert os.path.exists("w.pt"), out.stdout + out.stderr
+reference = re.search(r"^tiny_lm: generated: (.*)$", out.stdout, re.M).group(1)
+assert reference.startswith(PROMPT), reference
+reference = reference[len(PROMPT):]
+
+
+class Server:
+    def __init__(self, *args):
+        if os.path.exists("port"):
+            os.remove("port")
+        self.proc = subprocess.Popen([serve, "--weights", "w.pt", "--port-file", "port", *args])
+        deadline = time.time() + 60
+        while not os.path.exists("port"):
+            assert self.proc.poll() is None, "keel-serve exited before it listened"
+            assert time.time() < deadline, "keel-serve did not listen within 60 s"
+            time.sleep(0.05)
+        self.port = int(open("port").read())
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stats(self):
+        with urllib.request.urlopen(self.url + "/keel/stats", timeout=10) as r:
+            return json.load(r)
+
+    def assert_pages_back(self, scenario):
+        deadline = time.time() + 20
+        while True:
+            s = self.stats()
+            if s["running"] == 0 and s["waiting"] == 0:
+                break
+            assert time.time() < deadline, f"{scenario}: requests still running: {s}"
+            time.sleep(0.02)
+        assert s["pages_free"] == s["pages_total"], f"{scenario}: pages lost: {s}"
+        assert s["failed_steps"] == 0, f"{scenario}: {s}"
+        print(f"ok {scenario}: {s['pages_free']} of {s['pages_total']} pages free")
+
+    def post(self, body, raw=None):
+        data = raw if raw is not None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + "/v1/completions", data=data,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, json.load(r)
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=30)
+        assert code == 0, f"keel-serve exited {code} (non-zero: pages not all free at stop)"
+
+
+def open_stream(server, max_tokens):
+    """A raw streaming request; returns the socket once the first token arrived."""
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    body = json.dumps({"model": "tiny-lm", "prompt": PROMPT, "max_tokens": max_tokens,
+                       "stream": True}).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    return s
+
+
+def read_until(s, marker):
+    got = b""
+    while marker not in got:
+        chunk = s.recv(4096)
+        assert chunk, "connection closed early"
+        got += chunk
+    return got
+
+
+server = Server("--max-batch", "4", "--pages", "128", "--max-model-len", "512")
+client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+
+# 1. The openai client streams; the text is tiny_lm's own decode.
+chunks = list(client.completions.create(model="tiny-lm", prompt=PROMPT, max_tokens=64,
+                                        temperature=0, stream=True,
+                                        stream_options={"include_usage": True}))
+text = "".join(c.choices[0].text for c in chunks if c.choices)
+assert text == reference[:64], f"served {text!r}\ntiny_lm {reference[:64]!r}"
+assert chunks[-1].usage.completion_tokens == 64, chunks[-1]
+assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+server.assert_pages_back("openai client stream")
+
+# 2. Not streamed: the same text, with usage.
+r = client.completions.create(model="tiny-lm", prompt=PROMPT, max_tokens=64, temperature=0)
+assert r.choices[0].text == text and r.usage.prompt_tokens == len(PROMPT), r
+server.assert_pages_back("openai client, one body")
+
+# 3. Eight at once (more than --max-batch: some queue) with prompts of
+# different lengths: each text equals the same request made alone.
+prompts = [PROMPT[i:] for i in range(0, 32, 4)]
+alone = [client.completions.create(model="tiny-lm", prompt=p, max_tokens=24 + i,
+                                   temperature=0).choices[0].text
+         for i, p in enumerate(prompts)]
+together = [None] * len(prompts)
+
+
+def one(i):
+    stream = client.completions.create(model="tiny-lm", prompt=prompts[i], max_tokens=24 + i,
+                                       temperature=0, stream=True)
+    together[i] = "".join(c.choices[0].text for c in stream if c.choices)
+
+
+threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join(timeout=120)
+assert together == alone, f"batched {together}\nalone {alone}"
+server.assert_pages_back("eight concurrent streams")
+
+# 4. Stop strings end the text before them.
+r = client.completions.create(model="tiny-lm", prompt=PROMPT, max_tokens=64, temperature=0,
+                              stop=[text[10:13]])
+assert r.choices[0].text == text[:text.find(text[10:13])] and r.choices[0].finish_reason == "stop", r
+server.assert_pages_back("stop string")
+
+# 5. Errors the client types, without retrying.
+for kwargs, error, scenario in [
+        ({"model": "gpt-4"}, openai.NotFoundError, "unknown model"),
+        ({"max_tokens": 600}, openai.BadRequestError, "longer than the context"),
+        ({"prompt": ""}, openai.BadRequestError, "empty prompt"),
+        ({"n": 2}, openai.BadRequestError, "n = 2"),
+        ({"temperature": 3}, openai.BadRequestError, "temperature 3")]:
+    args = {"model": "tiny-lm", "prompt": PROMPT, "max_tokens": 4, **kwargs}
+    try:
+        client.completions.create(**args)
+        raise AssertionError(f"{scenario}: no error")
+    except error as e:
+        assert e.body and e.body.get("message"), (scenario, e.body)
+    server.assert_pages_back(scenario)
+
+# 6. Bodies no client library would send.
+for raw, status, scenario in [(b"{not json", 400, "malformed JSON"),
+                              (b"[1, 2]", 400, "not an object"),
+                              (b'{"model": "tiny-lm", "prompt": "\xc3\xa9"}', 400,
+                               "character outside the vocabulary"),
+                              (b'{"model": "tiny-lm", "prompt": [99999]}', 400, "token id out of range"),
+                              (b'{"model": "tiny-lm", "prompt": "a", "stream_options": {}}', 400,
+                               "stream_options without stream"),
+                              (b"x" * (2 << 20), 413, "a 2 MiB body")]:
+    code, body = server.post(None, raw=raw)
+    assert code == status, (scenario, code, body)
+    if status == 400:
+        assert body["error"]["message"] and body["error"]["code"] == 400, (scenario, body)
+    server.assert_pages_back(scenario)
+
+# 7. A client that leaves mid-stream: its request stops (long before its
+# 400 tokens) and its pages return.
+before = server.stats()["tokens_generated"]
+s = open_stream(server, 400)
+read_until(s, b"data: ")
+s.close()
+server.assert_pages_back("client left mid-stream")
+assert server.stats()["tokens_generated"] - before < 300, server.stats()
+
+# 8. A client that leaves while queued behind a full batch.
+busy = [open_stream(server, 400) for _ in range(4)]
+for b in busy:
+    read_until(b, b"data: ")
+queued = open_stream(server, 400)
+time.sleep(0.3)
+assert server.stats()["waiting"] == 1, server.stats()
+queued.close()
+for b in busy:
+    b.close()
+server.assert_pages_back("client left while queued")
+
+# 9. A client that leaves before the first byte of a non-streamed reply.
+s = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+body = json.dumps({"model": "tiny-lm", "prompt": PROMPT, "max_tokens": 400}).encode()
+s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+          + body)
+before = server.stats()["tokens_generated"]
+time.sleep(0.1)
+s.close()
+server.assert_pages_back("client left before a non-streamed reply")
+assert server.stats()["tokens_generated"] - before < 300, server.stats()
+
+server.stop()
+print("ok SIGTERM: keel-serve stopped with every page free")
+
+# 10. A cache that cannot hold one sequence of the context is refused at start.
+bad = subprocess.run([serve, "--weights", "w.pt", "--pages", "2", "--max-model-len", "512"],
+                     capture_output=True, text=True, timeout=60)
+assert bad.returncode == 2 and "cannot hold one sequence" in bad.stderr, bad
+bad = subprocess.run([serve, "--weights", "/nonexistent"], capture_output=True, text=True, timeout=60)
+assert bad.returncode == 2 and "cannot open" in bad.stderr, bad
+print("ok refused configurations")
