@@ -2,13 +2,17 @@
 // a serving step's sequences, each with its own query count, against a paged
 // cache, and the varlen layout of training without padding.
 //
-// The offsets are checked on the host before any row is read. A step whose
-// sequences all have the same query count is one batched call (the plan of
-// a padded batch, without the padding); any other step runs each sequence
-// as its own call on the same kernels, and its rows are written in place.
-// Every per-sequence tensor of the spec is cut to the sequence, so a mask
-// means per sequence what it means in a single call.
+// The offsets are checked on the host before any row is read. On a paged
+// cache, the sequences are grouped by query count (a step's decodes, its
+// speculative verifications, each prefill chunk length) and each group is
+// one batched paged call on its rows of the page table (the plan of a
+// padded batch, without the padding), its rows written back in place. The
+// varlen layout runs each sequence as its own call, through autograd. Every
+// per-sequence tensor of the spec is cut to the sequence or group, so a
+// mask means per sequence what it means in a single call.
+#include <cmath>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -109,6 +113,24 @@ AttentionSpec sequence_spec(const AttentionSpec& spec, std::int64_t b, std::int6
   return s;
 }
 
+// A group's spec (the sequences `members`, their query rows `rows`): the
+// per-sequence tensors cut to them, q_document_ids still packed.
+AttentionSpec group_spec(const AttentionSpec& spec, const std::vector<std::int64_t>& members,
+                         const at::Tensor& rows) {
+  AttentionSpec s = spec;
+  const at::Tensor idx = at::tensor(members, at::kLong);
+  auto pick = [&](const at::Tensor& t) { return t.index_select(0, idx.to(t.device())); };
+  for (Mask& m : s.masks) {
+    if (m.prefix_lengths.defined()) m.prefix_lengths = pick(m.prefix_lengths);
+    if (m.kv_lengths.defined()) m.kv_lengths = pick(m.kv_lengths);
+    if (m.kv_document_ids.defined()) m.kv_document_ids = pick(m.kv_document_ids);
+    if (m.q_document_ids.defined()) {
+      m.q_document_ids = m.q_document_ids.index_select(0, rows.to(m.q_document_ids.device()));
+    }
+  }
+  return s;
+}
+
 result<void> check_packed_terms(const AttentionSpec& spec, std::int64_t batch, std::int64_t total_q,
                                 bool packed_keys, std::int64_t total_k) {
   for (std::size_t i = 0; i < spec.masks.size(); ++i) {
@@ -198,33 +220,67 @@ result<AttentionOutput> attention(const PackedQueries& packed, const PagedKVCach
   if (ok) ok = check_packed_terms(spec, batch, q.size(0), /*packed_keys=*/false, 0);
   if (!ok) return ok.error();
   const std::vector<std::int64_t>& c = cu.value();
-  const std::int64_t ev = cache.v_pages.size(3);
-  // Every sequence with the same query count: one batched call.
-  const std::int64_t lq = batch > 0 ? c[1] : 0;
-  bool uniform = lq > 0;
-  for (std::int64_t b = 0; uniform && b < batch; ++b) uniform = c[b + 1] - c[b] == lq;
-  if (uniform) {
-    AttentionSpec s = spec;
-    for (Mask& m : s.masks) {
-      if (m.q_document_ids.defined()) m.q_document_ids = m.q_document_ids.reshape({batch, lq});
+  const std::int64_t ev = cache.v_pages.size(3), hq = q.size(1), e = q.size(2);
+  // Sequences grouped by query count (a step's decodes, its speculative
+  // verifications, each prefill chunk length): one batched call per group,
+  // on the group's rows of the page table. A group of every sequence reads
+  // q in place.
+  std::map<std::int64_t, std::vector<std::int64_t>> groups;
+  for (std::int64_t b = 0; b < batch; ++b) {
+    if (c[b + 1] > c[b]) groups[c[b + 1] - c[b]].push_back(b);
+  }
+  const bool whole =
+      groups.size() == 1 && static_cast<std::int64_t>(groups.begin()->second.size()) == batch;
+  const bool lengths_per_row =
+      cache.lengths.defined() && cache.lengths.dim() == 1 && cache.lengths.size(0) == batch;
+  Assembly a;
+  at::Tensor out, lse;
+  for (const auto& [lq, members] : groups) {
+    const auto g = static_cast<std::int64_t>(members.size());
+    std::vector<std::int64_t> row_ids;
+    row_ids.reserve(static_cast<std::size_t>(g * lq));
+    for (std::int64_t b : members) {
+      for (std::int64_t i = c[b]; i < c[b + 1]; ++i) row_ids.push_back(i);
     }
-    const at::Tensor qb = q.reshape({batch, lq, q.size(1), q.size(2)}).transpose(1, 2).contiguous();
-    result<AttentionOutput> r = attention(qb, cache, s);
+    const at::Tensor rows = at::tensor(row_ids, at::kLong).to(q.device());
+    const at::Tensor qg = whole ? q : q.index_select(0, rows);
+    AttentionSpec s = whole ? spec : group_spec(spec, members, rows);
+    for (Mask& m : s.masks) {
+      if (m.q_document_ids.defined()) m.q_document_ids = m.q_document_ids.reshape({g, lq});
+    }
+    PagedKVCache part = cache;
+    if (!whole) {
+      const at::Tensor idx = at::tensor(members, at::kLong);
+      part.page_table = cache.page_table.index_select(0, idx.to(cache.page_table.device()));
+      if (lengths_per_row) {
+        part.lengths = cache.lengths.index_select(0, idx.to(cache.lengths.device()));
+      }
+    }
+    result<AttentionOutput> r =
+        attention(qg.reshape({g, lq, hq, e}).transpose(1, 2).contiguous(), part, s);
     if (!r) return r.error();
     AttentionOutput& o = r.value();
-    o.out = o.out.transpose(1, 2).reshape({batch * lq, q.size(1), ev});
-    if (o.lse.defined()) o.lse = o.lse.transpose(1, 2).reshape({batch * lq, q.size(1)});
-    return r;
+    at::Tensor og = o.out.transpose(1, 2).reshape({g * lq, hq, ev});
+    at::Tensor lg = o.lse.defined() ? o.lse.transpose(1, 2).reshape({g * lq, hq}) : o.lse;
+    if (whole) {
+      o.out = og;
+      o.lse = lg;
+      return r;
+    }
+    if (!out.defined()) {
+      out = at::zeros({q.size(0), hq, ev}, og.options());
+      if (lg.defined()) lse = at::full({q.size(0), hq}, -INFINITY, lg.options());
+    }
+    out.index_copy_(0, rows, og);
+    if (lg.defined()) lse.index_copy_(0, rows, lg);
+    a.dispatch = std::move(o.dispatch);
   }
-  return per_sequence(q, c, ev, spec.return_lse, [&](std::int64_t b, const at::Tensor& qb) {
-    PagedKVCache one = cache;
-    one.page_table = cache.page_table.narrow(0, b, 1);
-    one.lengths =
-        cache.lengths.defined() && cache.lengths.dim() == 1 && cache.lengths.size(0) == batch
-            ? cache.lengths.narrow(0, b, 1)
-            : cache.lengths;
-    return attention(qb, one, sequence_spec(spec, b, c[b], c[b + 1] - c[b], false, 0, 0));
-  });
+  if (!out.defined()) return finish(a, q, ev, spec.return_lse);
+  AttentionOutput r;
+  r.out = std::move(out);
+  r.lse = std::move(lse);
+  r.dispatch = std::move(a.dispatch);
+  return r;
 }
 
 result<AttentionOutput> attention(const PackedQueries& packed, const PackedKeys& kv,
