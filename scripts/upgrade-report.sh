@@ -3,7 +3,8 @@
 # keel on each release named, records the canonical suite on the --from
 # release, replays it on every --to release with each adapter that release
 # has, trains the tiny language model (examples/tiny_lm) on every release
-# and replays the --from release's training record on the others, and
+# and replays the --from release's training record on the others, serves
+# each release's model under load (examples/serve), and
 # prints one summary row per pair and the path of the report's front page
 # (build/upgrade-report/index.html: self-contained, readable offline).
 #
@@ -43,7 +44,7 @@ mapfile -t all < <(printf '%s\n' "$from" "${to[@]}" | awk '!seen[$0]++')
 scripts/fetch-deps.sh "${all[@]}"
 for r in "${all[@]}"; do
   KEEL_TORCH_RELEASE=$r cmake --preset release >/dev/null
-  cmake --build "build/torch-$r" --target keel-info keel-compat tiny_lm
+  cmake --build "build/torch-$r" --target keel-info keel-compat tiny_lm keel-serve keel-serve-load
 done
 
 out=build/upgrade-report
@@ -89,14 +90,26 @@ done
 echo
 echo "keel: ===== tiny_lm: trained on $from ====="
 tiny=$out/tiny_lm-$from.safetensors
-"build/torch-$from/tiny_lm" --record "$tiny" --curve "$out/tiny_lm-curve-$from.json"
+"build/torch-$from/tiny_lm" --record "$tiny" --curve "$out/tiny_lm-curve-$from.json" \
+  --save-weights "$out/tiny_lm-weights-$from.pt"
 index_args=(--tiny-lm "$out/tiny_lm-curve-$from.json")
 for r in "${to[@]}"; do
   echo
   echo "keel: ===== tiny_lm: trained on $r, judged against $from ====="
   "build/torch-$r/tiny_lm" --compare "$tiny" --repeat 2 --json "$out/tiny_lm-$from-to-$r.json" \
-    --html "$out/tiny_lm-$from-to-$r.html" --curve "$out/tiny_lm-curve-$r.json" || status=1
+    --html "$out/tiny_lm-$from-to-$r.html" --curve "$out/tiny_lm-curve-$r.json" \
+    --save-weights "$out/tiny_lm-weights-$r.pt" || status=1
   index_args+=(--tiny-lm "$out/tiny_lm-curve-$r.json" --compare "$out/tiny_lm-$from-to-$r.json")
+done
+# The model each release trained, served on that release under load
+# (docs/serving.md): throughput and latency per release beside the curves.
+for r in "${all[@]}"; do
+  echo
+  echo "keel: ===== keel-serve on $r: its own tiny_lm, 8 and 32 clients ====="
+  "build/torch-$r/keel-serve-load" --server "build/torch-$r/keel-serve" \
+    --weights "$out/tiny_lm-weights-$r.pt" --clients 8,32 --modes continuous,static \
+    --time-limit 300 --json "$out/serve-$r.json" || status=1
+  index_args+=(--serve "$out/serve-$r.json")
 done
 python3 scripts/upgrade_index.py --out "$out/index.html" --title "keel upgrade report: $from -> ${to[*]}" \
   "${index_args[@]}" "${suites[@]}"

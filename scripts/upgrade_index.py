@@ -9,6 +9,7 @@ peak memory and what it generated.
       [--suite compare.json]...      keel-compat compare --json reports
       [--tiny-lm curve.json]...      tiny_lm --curve files, one per release
       [--compare tiny_lm.json]...    tiny_lm --compare --json reports
+      [--serve load.json]...         keel-serve-load --json runs, one per release
 """
 import argparse
 import html
@@ -88,6 +89,7 @@ def main():
     p.add_argument("--suite", action="append", default=[])
     p.add_argument("--tiny-lm", action="append", default=[])
     p.add_argument("--compare", action="append", default=[])
+    p.add_argument("--serve", action="append", default=[])
     a = p.parse_args()
 
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(a.title)}</title>"
@@ -144,6 +146,32 @@ def main():
                     f"{c['forward_ms']['now']:.0f}</td><td>"
                     f"{c['peak_bytes']['golden'] / 2**20:.1f} / "
                     f"{c['peak_bytes']['now'] / 2**20:.1f}</td></tr>")
+        parts.append("</table>")
+    if a.serve:
+        parts.append("<h2>The model served on each release</h2><p>examples/serve: keel-serve "
+                     "under keel-serve-load's seeded streaming requests, N closed-loop clients, "
+                     "a fresh server per cell (docs/serving.md).</p><table><tr><th>torch</th>"
+                     "<th>batching</th><th>clients</th><th>done</th><th>tokens/s</th>"
+                     "<th>TTFT p50 / p99 ms</th><th>TPOT p50 / p99 ms</th><th>peak MiB</th>"
+                     "<th>pages</th></tr>")
+        for path in a.serve:
+            run = json.load(open(path))
+            for c in run["cells"]:
+                ok = c.get("done") == c["requests"] and c.get("pages_returned")
+                if "ttft_ms" not in c:
+                    parts.append(f"<tr class='fail'><td>{esc(run.get('torch', '?'))}</td>"
+                                 f"<td>{esc(c['mode'])}</td><td>{c['clients']}</td>"
+                                 f"<td colspan='6'>{esc(c.get('first_error', 'failed'))}</td></tr>")
+                    continue
+                parts.append(
+                    f"<tr class='{'pass' if ok else 'fail'}'><td>{esc(run.get('torch', '?'))}</td>"
+                    f"<td>{esc(c['mode'])}</td><td>{c['clients']}</td>"
+                    f"<td>{c['done']} of {c['requests']}</td>"
+                    f"<td>{c['output_tokens_per_s']:.0f}</td>"
+                    f"<td>{c['ttft_ms']['p50']:.1f} / {c['ttft_ms']['p99']:.1f}</td>"
+                    f"<td>{c['tpot_ms']['p50']:.2f} / {c['tpot_ms']['p99']:.2f}</td>"
+                    f"<td>{c['peak_mib']:.0f}</td>"
+                    f"<td>{'back' if c['pages_returned'] else 'LOST'}</td></tr>")
         parts.append("</table>")
     parts.append("</body></html>\n")
     with open(a.out, "w") as f:

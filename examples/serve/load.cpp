@@ -272,6 +272,7 @@ std::vector<std::string> split(const std::string& s) {
 int run(const Options& o) {
   const auto run_deadline = Clock::now() + std::chrono::seconds(o.time_limit);
   json cells = json::array();
+  std::string torch;  // the release the servers ran on (from /keel/stats)
   bool all_ok = true;
   std::printf("%-11s %7s %8s %8s %10s %9s %9s %9s %9s %9s %6s\n", "mode", "clients", "requests",
               "done", "tokens/s", "ttft p50", "ttft p99", "tpot p50", "tpot p99", "peak MiB",
@@ -286,6 +287,9 @@ int run(const Options& o) {
         {
           httplib::Client warm("127.0.0.1", server.port());
           (void)run_one(warm, {"warm up ", 4});
+          if (const httplib::Result r = warm.Get("/keel/stats"); r && torch.empty()) {
+            torch = json::parse(r->body, nullptr, false).value("torch", "");
+          }
         }
         std::atomic<int> next{0};
         std::mutex mutex;
@@ -360,7 +364,8 @@ int run(const Options& o) {
     }
   }
   if (!o.json_out.empty()) {
-    std::ofstream(o.json_out) << json{{"seed", o.seed}, {"cells", cells}}.dump(1) << "\n";
+    std::ofstream(o.json_out) << json{{"seed", o.seed}, {"torch", torch}, {"cells", cells}}.dump(1)
+                              << "\n";
   }
   return all_ok ? 0 : 1;
 }

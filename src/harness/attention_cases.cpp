@@ -1,8 +1,9 @@
 // The attention family: every mask kind and score modifier, GQA, Lq != Lk,
 // odd shapes, fp32 and bf16; serving shapes (decode and speculative
 // verification against a cache, chunked prefill, 32 query heads over 8 or 1
-// kv heads, head dim 128; a paged cache, forward only); forward (out, lse)
-// and the gradients of q, k, v.
+// kv heads, head dim 128; a paged cache, forward only; packed ragged
+// queries of a serving step against a paged cache, and the varlen layout of
+// packed keys); forward (out, lse) and the gradients of q, k, v.
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <absl/strings/str_cat.h>
@@ -74,6 +75,24 @@ class AttentionFamily final : public Family {
           {"right", 0},
           {"alignment", "bottom_right"},
           {"page_size", 64}}},
+        // Packed ragged queries (q [T, Hq, E] with cu_seqlens_q): a serving
+        // step of decodes, a speculative verify, an empty sequence and a
+        // prefill chunk over a paged cache; and the varlen layout (packed
+        // keys with cu_seqlens_k, forward and backward).
+        {"packed_paged_step_gqa32_8_page16",
+         {4, 32, 8, 0, 512, 128},
+         {{"mask", "causal"},
+          {"alignment", "bottom_right"},
+          {"page_size", 16},
+          {"packed_q_lens", {1, 5, 0, 64}}}},
+        {"packed_varlen_gqa32_8_window_64",
+         {3, 32, 8, 0, 0, 128},
+         {{"mask", "sliding_window"},
+          {"left", 64},
+          {"right", 0},
+          {"alignment", "bottom_right"},
+          {"packed_q_lens", {7, 1, 40}},
+          {"packed_k_lens", {90, 33, 40}}}},
     };
     for (const auto& [type, dtype] :
          {std::pair{at::kFloat, "float32"}, std::pair{at::kBFloat16, "bfloat16"}}) {
@@ -102,6 +121,7 @@ class AttentionFamily final : public Family {
         }
         if (s.options.value("alibi", false))
           c.inputs["alibi_slopes"] = at::rand({sh.q_heads}) * 0.5;
+        if (s.options.contains("packed_q_lens")) pack(c, sh, type);
         if (const std::int64_t page = s.options.value("page_size", 0); page > 0) {
           // The keys of k and v become pages of a pool in shuffled order.
           const std::int64_t per = sh.kv_len / page;
@@ -156,14 +176,57 @@ class AttentionFamily final : public Family {
     spec.return_lse = true;
     spec.dispatch.backend = backend;
     if (c.inputs.count("page_table") != 0) return run_paged(c, spec);
+    if (c.inputs.count("cu_seqlens_k") != 0) return run_varlen(c, spec);
 
+    return with_gradients(c, [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+      return attention(q, k, v, spec);
+    });
+  }
+
+ private:
+  // Offsets [n + 1] of counts [n].
+  static at::Tensor offsets(const std::vector<std::int64_t>& counts) {
+    std::vector<std::int64_t> cu{0};
+    for (std::int64_t n : counts) cu.push_back(cu.back() + n);
+    return at::tensor(cu, at::kLong);
+  }
+
+  // Packs the queries as [T, Hq, E] (and, without pages, the keys and
+  // values as [S, Hkv, E]) with their offsets.
+  static void pack(Case& c, const Shape& sh, at::ScalarType type) {
+    const auto q_lens = c.options.at("packed_q_lens").get<std::vector<std::int64_t>>();
+    const at::Tensor cu_q = offsets(q_lens);
+    const std::int64_t t = cu_q[-1].item<std::int64_t>();
+    c.inputs["q"] = at::randn({t, sh.q_heads, sh.head_dim}).to(type);
+    c.inputs["cu_seqlens_q"] = cu_q;
+    c.inputs["upstream"] = at::randn({t, sh.q_heads, sh.head_dim});
+    if (!c.options.contains("packed_k_lens")) return;
+    const at::Tensor cu_k = offsets(c.options.at("packed_k_lens").get<std::vector<std::int64_t>>());
+    const std::int64_t keys = cu_k[-1].item<std::int64_t>();
+    c.inputs["k"] = at::randn({keys, sh.kv_heads, sh.head_dim}).to(type);
+    c.inputs["v"] = at::randn({keys, sh.kv_heads, sh.head_dim}).to(type);
+    c.inputs["cu_seqlens_k"] = cu_k;
+  }
+
+  // The varlen layout: forward and the gradients of q, k, v.
+  static result<Run> run_varlen(const Case& c, const AttentionSpec& spec) {
+    return with_gradients(c, [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+      return attention(PackedQueries{q, c.inputs.at("cu_seqlens_q")},
+                       PackedKeys{k, v, c.inputs.at("cu_seqlens_k")}, spec);
+    });
+  }
+
+  // `call(q, k, v)` on leaves that require grad: its forward (out, lse) and
+  // the gradients of q, k, v for the case's upstream gradient.
+  template <class Call>
+  static result<Run> with_gradients(const Case& c, const Call& call) {
     const at::Tensor q = c.inputs.at("q").detach().clone().requires_grad_(true);
     const at::Tensor k = c.inputs.at("k").detach().clone().requires_grad_(true);
     const at::Tensor v = c.inputs.at("v").detach().clone().requires_grad_(true);
     Run run;
     PeakMemory memory;
     auto start = std::chrono::steady_clock::now();
-    result<AttentionOutput> out = attention(q, k, v, spec);
+    result<AttentionOutput> out = call(q, k, v);
     run.forward_ms = elapsed_ms(start);
     if (!out) return out.error();
     run.adapter = out.value().dispatch.adapter;
@@ -180,7 +243,6 @@ class AttentionFamily final : public Family {
     return run;
   }
 
- private:
   // A paged cache is an inference call: forward only.
   static result<Run> run_paged(const Case& c, const AttentionSpec& spec) {
     const at::NoGradGuard no_grad;
@@ -192,7 +254,10 @@ class AttentionFamily final : public Family {
     Run run;
     PeakMemory memory;
     const auto start = std::chrono::steady_clock::now();
-    result<AttentionOutput> out = attention(c.inputs.at("q"), cache, spec);
+    result<AttentionOutput> out =
+        c.inputs.count("cu_seqlens_q") != 0
+            ? attention(PackedQueries{c.inputs.at("q"), c.inputs.at("cu_seqlens_q")}, cache, spec)
+            : attention(c.inputs.at("q"), cache, spec);
     run.forward_ms = elapsed_ms(start);
     if (!out) return out.error();
     run.adapter = out.value().dispatch.adapter;
