@@ -80,6 +80,13 @@ inline void expect_within_rule(const Qkv& x, const AttentionSpec& spec, const At
   }
 }
 
+// The absolute floor of the gradient rule (expect_gradients_within_rule):
+// where the naive float32 gradient happens to be exact (an entry of one
+// visible key, a zero), keel's equally valid other summation order may
+// still round; 1e-6 is a few float32 roundings of the gradients' O(1)-O(10)
+// entries here.
+constexpr double kGradientFloor = 1e-6;
+
 // The same rule for gradients (FlashAttention's rule for dq, dk and dv):
 // the gradients of `inputs` (leaves requiring grad, in the order given)
 // under the loss sum(out * up) (+ sum(lse * up_lse) where the call returns
