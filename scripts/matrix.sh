@@ -18,6 +18,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=releases.sh
 source scripts/releases.sh
+# shellcheck source=pipeline.sh
+source scripts/pipeline.sh
 export KEEL_SOAK_ROUNDS=${KEEL_SOAK_ROUNDS:-10}
 
 releases=("$@")
@@ -59,27 +61,17 @@ record_golden() {
     "$b/keel-compat" record --out "$golden" >/dev/null
 }
 
+# compare_cell BUILD ADAPTER JSON: the compare's one-line summary ("-" where
+# the build has no such adapter); compare's status.
 compare_cell() {
-  local exe=$1 adapter=$2 json=$3
-  # The JSON first, then grep: grep -q stops reading early, and under pipefail
-  # keel-info's SIGPIPE would read as "no such adapter".
-  local info
-  info=$("$(dirname "$exe")/keel-info" --json)
-  if ! grep -q "\"name\": \"$adapter\"" <<<"$info"; then
+  local build=$1 adapter=$2 json=$3 rc=0
+  if ! keel_has_adapter "$build" "$adapter"; then
     echo "-"
     return 0
   fi
-  "$exe" compare --golden "$golden" --backend "$adapter" --repeat 2 --json "$json" >/dev/null 2>&1
-  local rc=$?
+  keel_compare "$build" "$golden" "$adapter" "$json" >/dev/null 2>&1 || rc=$?
   if [ ! -f "$json" ]; then echo "error ($rc)"; return 1; fi
-  python3 - "$json" "$rc" <<'PY'
-import json, sys
-cases = json.load(open(sys.argv[1]))["cases"]
-bad = [c for c in cases if c["status"] not in ("pass", "skipped")]
-skipped = sum(c["status"] == "skipped" for c in cases)
-print(f"{len(cases) - len(bad) - skipped}/{len(cases)}" + (f" + {skipped} declined" if skipped else "")
-      + ("" if not bad else " (failing: " + ", ".join(c["id"] for c in bad[:3]) + ")"))
-PY
+  keel_compare_line "$json"
   return "$rc"
 }
 
@@ -106,7 +98,8 @@ $KEEL_SOAK_ROUNDS rounds; "skipped": the CUDA suite without a GPU, and the
 numeric suites of an adapter that declines the operation); "compare" replays the golden recorded on
 $keel_golden in that release's keel-compat with each adapter (cases passing
 / all cases, "+ N declined" where the adapter declines a case, with its
-reason in the report; "-" where the build has no such adapter). Logs:
+reason in the report; "-" where the build has no such adapter; each cell is
+keel-compat's own one-line summary). Logs:
 \`build/matrix/<release>/\`.
 
 EOF
@@ -119,7 +112,7 @@ for r in "${releases[@]}"; do
   b=build/torch-$r
   log=$out/$r
   mkdir -p "$log"
-  std="?" cfg="-" bld="-" tests="-" cmp_compat="-" cmp_native="-"
+  std="?" cfg="-" bld="-" tests="-" cmp_compat="-" cmp_native="-" cmp_failed=0
   echo "keel matrix: ===== libtorch $r ====="
   if ! step fetch "$log/fetch.log" scripts/fetch-deps.sh "$r"; then
     cfg="no wheel"
@@ -135,13 +128,11 @@ for r in "${releases[@]}"; do
     else
       bld="ok"
       (cd "$b" && ctest --output-on-failure -j 2 --timeout 900) >"$log/ctest.log" 2>&1
-      skipped=$(grep -c '(Skipped)' "$log/ctest.log" || true)
-      tests=$(sed -n 's/.*tests passed, \([0-9]*\) tests\? failed out of \([0-9]*\).*/\2 \1/p' "$log/ctest.log" |
-        awk -v s="$skipped" '{printf "%d passed, %d skipped, %d failed", $1 - $2 - s, s, $2}')
+      tests=$(keel_ctest_totals "$log/ctest.log")
       [ -n "$tests" ] || tests="did not finish"
       if record_golden; then
-        cmp_compat=$(compare_cell "$b/keel-compat" compat "$log/compare-compat.json") || true
-        cmp_native=$(compare_cell "$b/keel-compat" native "$log/compare-native.json") || true
+        cmp_compat=$(compare_cell "$b" compat "$log/compare-compat.json") || cmp_failed=1
+        cmp_native=$(compare_cell "$b" native "$log/compare-native.json") || cmp_failed=1
       else
         cmp_compat="no golden"
       fi
@@ -150,7 +141,8 @@ for r in "${releases[@]}"; do
   minutes=$(( ($(date +%s) - t0 + 30) / 60 ))
   row="| $r | C++$std | $cfg | $bld | $tests | $cmp_compat | $cmp_native | $minutes |"
   case "$row" in *"| ok | ok | "*", 0 failed | "*) ;; *) failed=1 ;; esac
-  case "$cmp_compat$cmp_native" in *failing*|*error*|*golden*) failed=1 ;; esac
+  case "$cmp_compat$cmp_native" in *"error ("*|*golden*) failed=1 ;; esac
+  [ $cmp_failed -eq 0 ] || failed=1
   rows+=("$row")
   echo "$row"
   write_table

@@ -18,6 +18,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=releases.sh
 source scripts/releases.sh
+# shellcheck source=pipeline.sh
+source scripts/pipeline.sh
 scripts/fetch-deps.sh
 start=$(date +%s)
 summary=()
@@ -31,14 +33,6 @@ stage() {
   stage_start=$now
 }
 
-# ctest's closing "N tests failed out of M", as "P passed, S skipped, F failed"
-# (ctest counts a skipped test among the passed; its list names them "(Skipped)").
-totals() {
-  local skipped
-  skipped=$(grep -c '(Skipped)' "$1" || true)
-  sed -n 's/.*tests passed, \([0-9]*\) tests\? failed out of \([0-9]*\).*/\2 \1/p' "$1" | tail -n1 |
-    awk -v s="$skipped" '{printf "%d passed, %d skipped, %d failed", $1 - $2 - s, s, $2}'
-}
 # run_suite LABEL PRESET RELEASE [ctest args...]: configure, build, test; the totals go in the summary.
 run_suite() {
   local label=$1 preset=$2 release=$3 log status
@@ -50,7 +44,7 @@ run_suite() {
   log=$(mktemp)
   status=0
   ctest --preset "$preset" "$@" 2>&1 | tee "$log" || status=$?
-  summary+=("$(printf '%-8s %-9s %-28s %s' "$release" "$preset" "$label" "$(totals "$log")")")
+  summary+=("$(printf '%-8s %-9s %-28s %s' "$release" "$preset" "$label" "$(keel_ctest_totals "$log")")")
   rm -f "$log"
   return $status
 }
@@ -86,11 +80,10 @@ mkdir -p build/upgrade-check
 )
 for r in "${keel_ci_extra[@]}" "$keel_newest"; do
   for adapter in compat native; do
-    "$(build_dir "$r" release)/keel-compat" compare --golden "$golden" --backend "$adapter" \
-      --repeat 2 --json "build/upgrade-check/compare-$r-$adapter.json"
+    json=build/upgrade-check/compare-$r-$adapter.json
+    keel_compare "$(build_dir "$r" release)" "$golden" "$adapter" "$json"
     summary+=("$(printf '%-8s %-9s %-28s %s' "$r" "$adapter" "compare with $keel_golden" \
-      "$(python3 -c 'import json,sys; c=json.load(open(sys.argv[1]))["cases"]; n=lambda s: sum(x["status"]==s for x in c); print(n("pass"), "of", len(c), "cases pass,", n("skipped"), "skipped (declined)")' \
-        "build/upgrade-check/compare-$r-$adapter.json")")")
+      "$(keel_compare_line "$json")")")
   done
 done
 stage "keel-compat across releases"

@@ -62,14 +62,13 @@ rows=()
 suites=()
 for r in "${to[@]}"; do
   for adapter in compat native; do
-    # The JSON first, then grep (grep -q closing the pipe early fails under pipefail).
-    info=$("build/torch-$r/keel-info" --json)
-    grep -q "\"name\": \"$adapter\"" <<<"$info" || continue
+    keel_has_adapter "build/torch-$r" "$adapter" || continue
     echo
     echo "keel: ===== $from -> $r, $adapter adapter ====="
     base=$out/compare-$from-to-$r-$adapter
-    "build/torch-$r/keel-compat" compare --golden "$golden" --backend "$adapter" --repeat 3 \
-      --json "$base.json" --html "$base.html" || status=1
+    # Three runs per case: the report's timing ratios are medians of three.
+    KEEL_COMPARE_REPEAT=3 keel_compare "build/torch-$r" "$golden" "$adapter" "$base.json" \
+      --html "$base.html" || status=1
     suites+=(--suite "$base.json")
     rows+=("$(python3 - "$base.json" "$from" "$r" "$adapter" "$base.html" <<'PY'
 import json, sys
