@@ -196,13 +196,13 @@ class AttentionFamily final : public Family {
   static void pack(Case& c, const Shape& sh, at::ScalarType type) {
     const auto q_lens = c.options.at("packed_q_lens").get<std::vector<std::int64_t>>();
     const at::Tensor cu_q = offsets(q_lens);
-    const std::int64_t t = cu_q[-1].item<std::int64_t>();
+    const auto t = cu_q[-1].item<std::int64_t>();
     c.inputs["q"] = at::randn({t, sh.q_heads, sh.head_dim}).to(type);
     c.inputs["cu_seqlens_q"] = cu_q;
     c.inputs["upstream"] = at::randn({t, sh.q_heads, sh.head_dim});
     if (!c.options.contains("packed_k_lens")) return;
     const at::Tensor cu_k = offsets(c.options.at("packed_k_lens").get<std::vector<std::int64_t>>());
-    const std::int64_t keys = cu_k[-1].item<std::int64_t>();
+    const auto keys = cu_k[-1].item<std::int64_t>();
     c.inputs["k"] = at::randn({keys, sh.kv_heads, sh.head_dim}).to(type);
     c.inputs["v"] = at::randn({keys, sh.kv_heads, sh.head_dim}).to(type);
     c.inputs["cu_seqlens_k"] = cu_k;
