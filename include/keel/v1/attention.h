@@ -9,6 +9,11 @@
 /// masks run on keel's block-sparse kernel, which skips key blocks that a
 /// query block cannot see, so that its cost follows the visible fraction.
 ///
+/// In one line:
+/// `auto r = keel::attention(q, k, v, spec);` then `r.value().out`, `r.value().lse`.
+///
+/// In full:
+///
 /// @snippet examples/snippets/header_snippets.cpp attention_window
 ///
 /// Semantics every adapter keeps, and traps:

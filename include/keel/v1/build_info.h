@@ -2,6 +2,11 @@
 /// @brief What this keel library is: its version, the libtorch it was built
 /// against, and the adapters and capabilities compiled in.
 ///
+/// In one line:
+/// `std::cout << keel::build_info().torch_version;`
+///
+/// In full:
+///
 /// @snippet examples/snippets/header_snippets.cpp build_info
 ///
 /// `keel-info` prints the same as text or JSON.

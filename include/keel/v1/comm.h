@@ -7,6 +7,12 @@
 /// NCCL for CUDA tensors (in a CUDA build). It rendezvouses as torchrun and
 /// Slurm expect, so a service runs unchanged under either.
 ///
+/// In one line:
+/// `auto comm = keel::comm::Communicator::create(options);`
+/// then `comm.value().all_reduce(t, keel::comm::ReduceOp::sum);`.
+///
+/// In full:
+///
 /// @snippet examples/snippets/header_snippets.cpp comm_all_reduce
 ///
 /// Faults are bounded and named:

@@ -12,6 +12,12 @@
 /// Python's `safetensors`; `keel-compat diff` reads it too), the same
 /// tolerance policy (docs/compat.md) and the same report writers.
 ///
+/// In one line:
+/// `keel::compat::record("golden.safetensors", cases, fn);` on the old build,
+/// `auto report = keel::compat::compare("golden.safetensors", fn);` on the new.
+///
+/// In full:
+///
 /// @snippet examples/snippets/header_snippets.cpp compat
 ///
 /// Measuring peak memory installs a counting wrapper around libtorch's CPU

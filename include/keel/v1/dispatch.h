@@ -18,6 +18,12 @@
 /// unknown `KEEL_BACKEND` value is an `Errc::invalid_argument` error that
 /// lists the valid ones.
 ///
+/// In one line:
+/// `options.dispatch.backend = keel::Backend::native;`, and
+/// `r.value().dispatch.adapter` names the adapter that served.
+///
+/// In full:
+///
 /// @snippet examples/snippets/header_snippets.cpp dispatch_per_call
 ///
 /// Setting `KEEL_LOG=dispatch` logs every decision (one line each, to

@@ -5,6 +5,11 @@
 /// or a `keel::Error` whose message names the call, the argument, what was
 /// expected and what was given. keel never aborts the process on bad input.
 ///
+/// In one line:
+/// `if (auto r = keel::logsumexp(x)) use(r.value()); else log(r.error().to_string());`
+///
+/// In full:
+///
 /// @snippet examples/snippets/header_snippets.cpp error_handling
 ///
 /// Callers who prefer exceptions call `.value()` directly: on an error it

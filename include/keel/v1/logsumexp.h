@@ -7,6 +7,11 @@
 /// the smallest operation served by every adapter, so it is also the place
 /// to see dispatch at work.
 ///
+/// In one line:
+/// `auto r = keel::logsumexp(x, options);` then `r.value().value`.
+///
+/// In full:
+///
 /// @snippet examples/snippets/header_snippets.cpp logsumexp_masked
 ///
 /// Semantics every adapter keeps:

@@ -14,6 +14,12 @@
 /// reduction=reduction)`, plus the optional logit soft-capping and z-loss
 /// described on `LinearCrossEntropyOptions`.
 ///
+/// In one line:
+/// `auto r = keel::linear_cross_entropy(hidden, weight, targets, options);`
+/// then `r.value().loss`.
+///
+/// In full:
+///
 /// @snippet examples/snippets/header_snippets.cpp loss
 ///
 /// Traps:
