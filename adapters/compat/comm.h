@@ -1,4 +1,4 @@
-// The compat communicator: adapters/common's C10dEngine as it is, the
+// The compat communicator: adapters/c10d's C10dEngine as it is, the
 // collective names every supported release has.
 #pragma once
 

@@ -19,7 +19,7 @@ LAYERS = {
                      ["dispatch/attention.h", "guard.h", "validate.h", "c10d_engine.h",
                       "comm/liveness.h"],
                      ["attention_mask.h"]),
-    "keel_adapter_c10d": ("adapters/common/c10d_engine.cpp",
+    "keel_adapter_c10d": ("adapters/c10d/c10d_engine.cpp",
                           ["comm/liveness.h", "dispatcher.h", "attention_mask.h",
                            "compat/compat_adapter.h"],
                           ["dispatch/comm.h"]),

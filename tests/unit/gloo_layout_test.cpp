@@ -1,6 +1,6 @@
 // keel compiles ProcessGroupGloo.hpp against Debian's gloo headers, while
 // libtorch was compiled against the newer gloo it bundles (see
-// adapters/common/c10d_backends.h). keel allocates ProcessGroupGloo and its Options with
+// adapters/c10d/c10d_backends.h). keel allocates ProcessGroupGloo and its Options with
 // the sizes of its own view of the header, and the library's constructors
 // and collectives fill them. Were the library's layout larger, it would
 // write past keel's allocation: each object here sits in a buffer with a

@@ -1,4 +1,4 @@
-// Making c10d backends, shared by every adapter (adapters/common/ is the
+// Making c10d backends, shared by every adapter (adapters/c10d/ is the
 // adapters' own library: the core never includes it). ProcessGroupGloo's
 // header needs gloo's headers, which the torch wheels do not ship: keel
 // compiles gloo.cpp against Debian's libgloo-dev headers (unpacked by
