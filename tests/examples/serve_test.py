@@ -192,8 +192,10 @@ busy = [open_stream(server, 400) for _ in range(4)]
 for b in busy:
     read_until(b, b"data: ")
 queued = open_stream(server, 400)
-time.sleep(0.3)
-assert server.stats()["waiting"] == 1, server.stats()
+deadline = time.time() + 20
+while server.stats()["waiting"] != 1:
+    assert time.time() < deadline, f"the fifth request never queued: {server.stats()}"
+    time.sleep(0.02)
 queued.close()
 for b in busy:
     b.close()
