@@ -20,6 +20,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=releases.sh
 source scripts/releases.sh
+# shellcheck source=pipeline.sh
+source scripts/pipeline.sh
 
 usage() {
   echo "usage: scripts/upgrade-report.sh [--from RELEASE] [--to RELEASE]..." >&2
@@ -84,6 +86,9 @@ PY
   done
 done
 
+# Every build has the compat adapter: no row at all is a broken step, not a
+# pass.
+[ ${#rows[@]} -gt 0 ] || { echo "keel: no release was compared" >&2; status=1; }
 # The tiny model: trained and recorded on --from, then trained on each --to
 # release and judged against that record (docs/tiny-lm.md).
 echo
