@@ -78,6 +78,10 @@ double uniform(std::uint64_t& state) {  // SplitMix64, in [0, 1)
 
 Engine::Engine(tiny_lm::Weights weights, EngineOptions options)
     : weights_(std::move(weights)), options_(options), pool_(options.pages) {
+  id_of_.fill(-1);
+  for (std::size_t i = 0; i < weights_.byte_of.size(); ++i) {
+    id_of_[weights_.byte_of[i]] = static_cast<std::int64_t>(i);
+  }
   const EngineOptions& o = options_;
   if (o.page_size < 1 || o.max_model_len < 2 || o.max_batch < 1 || o.token_budget < o.max_batch) {
     throw std::invalid_argument(
@@ -111,16 +115,11 @@ void Engine::stop() {
 
 std::optional<std::vector<std::int64_t>> Engine::encode(const std::string& text,
                                                         std::string* why) const {
-  std::array<std::int64_t, 256> id_of{};
-  id_of.fill(-1);
-  for (std::size_t i = 0; i < weights_.byte_of.size(); ++i) {
-    id_of[weights_.byte_of[i]] = static_cast<std::int64_t>(i);
-  }
   std::vector<std::int64_t> ids;
   ids.reserve(text.size());
   for (std::size_t i = 0; i < text.size(); ++i) {
     const auto ch = static_cast<unsigned char>(text[i]);
-    if (id_of[ch] < 0) {
+    if (id_of_[ch] < 0) {
       char hex[8];
       std::snprintf(hex, sizeof hex, "0x%02x", ch);
       *why = "prompt: byte " + std::to_string(i) + " (" + hex +
@@ -128,7 +127,7 @@ std::optional<std::vector<std::int64_t>> Engine::encode(const std::string& text,
              " characters";
       return std::nullopt;
     }
-    ids.push_back(id_of[ch]);
+    ids.push_back(id_of_[ch]);
   }
   return ids;
 }
@@ -344,14 +343,22 @@ void Engine::run_step(const std::vector<Row>& rows) {
 
 std::int64_t Engine::sample(Request& r, const at::Tensor& logits) {
   if (r.params_.temperature == 0) return logits.argmax().item<std::int64_t>();
-  const at::Tensor probs = at::softmax(logits.to(at::kDouble) / r.params_.temperature, 0);
+  // Nucleus sampling: the most probable tokens whose mass reaches top_p
+  // (top_p = 1: every token), renormalised, drawn with the request's seed.
+  const auto [probs, order] =
+      at::softmax(logits.to(at::kDouble) / r.params_.temperature, 0).sort(0, true);
   const double* q = probs.data_ptr<double>();
-  double u = uniform(r.rng_), acc = 0;
-  for (std::int64_t i = 0; i < probs.numel(); ++i) {
+  const std::int64_t* id = order.data_ptr<std::int64_t>();
+  std::int64_t keep = 0;
+  double mass = 0;
+  while (keep < probs.numel() && (keep == 0 || mass < r.params_.top_p)) mass += q[keep++];
+  const double u = uniform(r.rng_) * mass;
+  double acc = 0;
+  for (std::int64_t i = 0; i < keep; ++i) {
     acc += q[i];
-    if (u < acc) return i;
+    if (u < acc) return id[i];
   }
-  return probs.numel() - 1;
+  return id[keep - 1];
 }
 
 void Engine::emit_token(Request& r, std::int64_t token) {

@@ -5,6 +5,7 @@
 // requests; HTTP threads only submit, cancel and read events.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -65,6 +66,7 @@ struct Params {
   std::vector<std::int64_t> prompt;
   std::int64_t max_tokens = 16;
   double temperature = 1.0;
+  double top_p = 1.0;  ///< nucleus sampling: (0, 1]
   std::uint64_t seed = 0;
   std::vector<std::string> stop;
 };
@@ -152,6 +154,7 @@ class Engine {
   std::int64_t sample(Request& r, const at::Tensor& logits);
 
   tiny_lm::Weights weights_;
+  std::array<std::int64_t, 256> id_of_{};  // character -> token id, -1 if none
   EngineOptions options_;
   PagePool pool_;
   std::vector<at::Tensor> k_pages_, v_pages_;  // per layer [P, Hkv, page_size, E]

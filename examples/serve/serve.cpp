@@ -5,7 +5,7 @@
 //              [--pages N] [--page-size N] [--max-model-len N] [--max-batch N]
 //              [--token-budget N] [--max-clients N] [--threads N] [--model-name S]
 //
-//   POST /v1/completions  prompt (a string or token ids), max_tokens, temperature,
+//   POST /v1/completions  prompt (a string or token ids), max_tokens, temperature, top_p,
 //                         seed, stop, stream, stream_options.include_usage
 //   GET  /v1/models       the one model served
 //   GET  /keel/stats      pages free and in use, running and queued requests
@@ -154,12 +154,12 @@ Parsed parse(const std::string& body, const serve::Engine& engine, const std::st
     return fail("max_tokens", "max_tokens must be >= 0");
   if (!number("temperature", 0, 2, &temperature))
     return fail("temperature", "temperature must be in [0, 2]");
-  if (!number("top_p", 1, 1, &top_p))
-    return fail("top_p", "top_p must be 1 (nucleus sampling is not implemented)");
+  if (!number("top_p", 0, 1, &top_p) || top_p <= 0) return fail("top_p", "top_p must be in (0, 1]");
   if (!number("seed", 0, 9.007199254740992e15, &seed))
     return fail("seed", "seed must be a non-negative integer");
   out.params.max_tokens = static_cast<std::int64_t>(max_tokens);
   out.params.temperature = temperature;
+  out.params.top_p = top_p;
   out.params.seed = static_cast<std::uint64_t>(seed);
   const auto prompt_tokens = static_cast<std::int64_t>(out.params.prompt.size());
   if (max_tokens > static_cast<double>(limit) || prompt_tokens + out.params.max_tokens > limit) {

@@ -148,13 +148,21 @@ r = client.completions.create(model="tiny-lm", prompt=PROMPT, max_tokens=64, tem
 assert r.choices[0].text == text[:text.find(text[10:13])] and r.choices[0].finish_reason == "stop", r
 server.assert_pages_back("stop string")
 
+# Nucleus sampling that keeps only the most probable token is greedy,
+# whatever the temperature and seed.
+r = client.completions.create(model="tiny-lm", prompt=PROMPT, max_tokens=64, temperature=1.5,
+                              top_p=1e-9, seed=7)
+assert r.choices[0].text == text, r
+server.assert_pages_back("top_p keeping one token")
+
 # 5. Errors the client types, without retrying.
 for kwargs, error, scenario in [
         ({"model": "gpt-4"}, openai.NotFoundError, "unknown model"),
         ({"max_tokens": 600}, openai.BadRequestError, "longer than the context"),
         ({"prompt": ""}, openai.BadRequestError, "empty prompt"),
         ({"n": 2}, openai.BadRequestError, "n = 2"),
-        ({"temperature": 3}, openai.BadRequestError, "temperature 3")]:
+        ({"temperature": 3}, openai.BadRequestError, "temperature 3"),
+        ({"top_p": 0}, openai.BadRequestError, "top_p 0")]:
     args = {"model": "tiny-lm", "prompt": PROMPT, "max_tokens": 4, **kwargs}
     try:
         client.completions.create(**args)
