@@ -196,7 +196,6 @@ void Engine::loop() {
       }
     }
     drop_finished();
-    running_count_.store(static_cast<std::int64_t>(running_.size()));
   }
   for (const auto& r : running_) finish(r, "", "the server is shutting down");
   for (auto& r : running_) pool_.release(r->pages_);
@@ -230,6 +229,9 @@ void Engine::admit() {
     r->pages_ = std::move(*pages);
     waiting_.pop_front();
     running_.push_back(r);
+    // Counted as it is admitted: a client that has its first token (sent
+    // during the step that follows) sees the request among the running.
+    running_count_.store(static_cast<std::int64_t>(running_.size()));
   }
 }
 
@@ -432,6 +434,9 @@ void Engine::drop_finished() {
   running_.erase(
       std::remove_if(running_.begin(), running_.end(), [](const auto& r) { return r->finished_; }),
       running_.end());
+  // After the pages went back: a request leaves the count once its pages
+  // are free, so "none running" always means "every page free".
+  running_count_.store(static_cast<std::int64_t>(running_.size()));
 }
 
 }  // namespace serve

@@ -8,6 +8,7 @@ free once nothing runs.
   serve_test.py KEEL_SERVE TINY_LM WORK_DIR
 """
 
+import atexit
 import json
 import os
 import re
@@ -42,6 +43,9 @@ class Server:
         if os.path.exists("port"):
             os.remove("port")
         self.proc = subprocess.Popen([serve, "--weights", "w.pt", "--port-file", "port", *args])
+        # A failed assertion must not leave the server running: it would
+        # hold ctest's output pipe open until the test's timeout.
+        atexit.register(self.proc.kill)
         deadline = time.time() + 60
         while not os.path.exists("port"):
             assert self.proc.poll() is None, "keel-serve exited before it listened"
