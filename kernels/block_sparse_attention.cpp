@@ -13,6 +13,7 @@
 #include "attention_mask.h"
 #include "flash_plan.h"
 #include "row_softmax.h"
+#include "score_modifiers.h"
 
 namespace keel::kernels {
 
@@ -31,37 +32,11 @@ at::Tensor expand_heads(const at::Tensor& t, std::int64_t q_heads) {
       .reshape({t.size(0), q_heads, t.size(2), t.size(3)});
 }
 
-}  // namespace
-
-at::Tensor add_score_modifiers(const at::Tensor& scores, const AttentionSpec& spec, std::int64_t q0,
-                               std::int64_t q_rows, const at::Tensor& keys, std::int64_t q_len,
-                               std::int64_t kv_len) {
-  at::Tensor s = scores;
-  if (spec.alibi_slopes.defined()) {
-    const std::int64_t offset =
-        spec.alibi_alignment == CausalAlignment::bottom_right ? kv_len - q_len : 0;
-    const at::Tensor p =
-        at::arange(q0, q0 + q_rows, keys.options()).add(offset).view({1, 1, q_rows, 1});
-    const at::Tensor distance = (keys.view({1, 1, 1, -1}) - p).to(s.scalar_type());
-    s = s + spec.alibi_slopes.to(s.scalar_type()).view({1, -1, 1, 1}) * distance;
-  }
-  if (spec.bias.defined()) {
-    at::Tensor b = spec.bias;
-    while (b.dim() < 4) b = b.unsqueeze(0);
-    if (b.size(2) != 1) b = b.narrow(2, q0, q_rows);
-    if (b.size(3) != 1) b = b.index_select(3, keys);
-    s = s + b.to(s.scalar_type());
-  }
-  return s;
-}
-
-namespace {
-
 // The general tile loop on plain ATen ops, differentiable through autograd:
 // for the calls the flash kernel cannot serve (score modifiers, another
 // device, Ev != E).
-BlockSparseResult tile_loop_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                      const AttentionSpec& spec, double scale) {
+AttentionOutput tile_loop_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const AttentionSpec& spec, double scale) {
   const at::ScalarType acc = accumulation_dtype(q.scalar_type());
   const std::int64_t batch = q.size(0);
   const std::int64_t q_heads = q.size(1);
@@ -70,7 +45,7 @@ BlockSparseResult tile_loop_attention(const at::Tensor& q, const at::Tensor& k, 
   const std::int64_t value_dim = v.size(3);
   const at::TensorOptions acc_options = q.options().dtype(acc);
 
-  BlockSparseResult result;
+  AttentionOutput result;
   if (q_len == 0 || kv_len == 0) {
     // No keys: every row is fully masked. Multiplying by q keeps the output
     // on the graph, so that backward gives zero gradients, not an error.
@@ -318,9 +293,8 @@ class FlashBlockSparse : public torch::autograd::Function<FlashBlockSparse> {
   }
 };
 
-BlockSparseResult flash_block_attention(const at::Tensor& q, const at::Tensor& k,
-                                        const at::Tensor& v, const AttentionSpec& spec,
-                                        double scale) {
+AttentionOutput flash_block_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const AttentionSpec& spec, double scale) {
   const at::ScalarType acc = accumulation_dtype(q.scalar_type());
   const std::int64_t q_heads = q.size(1);
   const at::Tensor qf = q.to(acc).contiguous();
@@ -328,7 +302,7 @@ BlockSparseResult flash_block_attention(const at::Tensor& q, const at::Tensor& k
   const at::Tensor vf = expand_heads(v.to(acc), q_heads).contiguous();
   const c10::intrusive_ptr<FlashPlan> plan = make_plan(q, k, spec, scale, acc);
   const auto outputs = FlashBlockSparse::apply(qf, kf, vf, plan);
-  BlockSparseResult result;
+  AttentionOutput result;
   result.out = outputs[0].to(q.scalar_type());
   result.lse = outputs[1];
   double computed = 0;
@@ -351,11 +325,11 @@ bool flash_serves(const at::Tensor& q, const at::Tensor& v, const AttentionSpec&
 
 }  // namespace
 
-BlockSparseResult block_sparse_attention(const at::Tensor& q, const at::Tensor& k,
-                                         const at::Tensor& v, const AttentionSpec& spec,
-                                         double scale) {
+AttentionOutput block_sparse_attention(const at::Tensor& q, const at::Tensor& k,
+                                       const at::Tensor& v, const AttentionSpec& spec,
+                                       double scale) {
   if (q.size(2) == 0 || k.size(2) == 0 || !flash_serves(q, v, spec)) {
-    BlockSparseResult r = tile_loop_attention(q, k, v, spec, scale);
+    AttentionOutput r = tile_loop_attention(q, k, v, spec, scale);
     r.kernel_calls = -1;
     return r;
   }

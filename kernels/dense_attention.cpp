@@ -6,7 +6,7 @@
 #include <ATen/ATen.h>
 
 #include "attention_mask.h"
-#include "block_sparse_attention.h"
+#include "score_modifiers.h"
 
 namespace keel::kernels {
 

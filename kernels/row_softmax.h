@@ -1,6 +1,8 @@
-// The softmax pieces keel's attention kernels share on plain ATen ops.
+// The softmax pieces keel's attention kernels and its logsumexp share on
+// plain ATen ops: the one empty-row-safe log-sum-exp.
 #pragma once
 
+#include <cstdint>
 #include <limits>
 
 #include <ATen/ATen.h>
@@ -9,21 +11,25 @@
 
 namespace keel::kernels {
 
-// Softmax over the last dim with a fully masked row (all -inf) giving 0
-// output weights and lse -inf, and a zero gradient there.
+// Softmax over `dim` (kept, of size 1, in denominator and lse) with a fully
+// masked row (all -inf) giving 0 output weights and lse -inf, and a zero
+// gradient there.
 struct RowSoftmax {
   at::Tensor weights_unnormalised;  // exp(s - shift)
   at::Tensor denominator;           // sum, 1 where the row is empty
-  at::Tensor lse;                   // [..., 1]
+  at::Tensor lse;                   // [..., 1, ...]
 };
 
-inline RowSoftmax row_softmax(const at::Tensor& s) {
+inline RowSoftmax row_softmax(const at::Tensor& s, std::int64_t dim = -1) {
   // The shift by the row maximum keeps exp() from overflowing and carries
-  // no gradient; an empty row is shifted by 0, not by -inf (which gives NaN).
-  at::Tensor shift = std::get<0>(s.detach().max(-1, /*keepdim=*/true));
+  // no gradient; a row with no finite maximum (all -inf, or +inf) is shifted
+  // by 0, not by +-inf (which gives NaN).
+  at::Tensor shift = std::get<0>(s.detach().max(dim, /*keepdim=*/true));
   shift = at::where(shift.isfinite(), shift, at::zeros_like(shift));
   const at::Tensor e = (s - shift).exp();
-  const at::Tensor sum = e.sum(-1, /*keepdim=*/true);
+  const at::Tensor sum = e.sum(dim, /*keepdim=*/true);
+  // An empty row (sum 0) would give log(0) = -inf with a 0 * inf = NaN
+  // gradient: it is routed around log(), so that its gradient is 0.
   const at::Tensor empty = sum == 0;
   const at::Tensor safe = at::where(empty, at::ones_like(sum), sum);
   const at::Tensor lse =

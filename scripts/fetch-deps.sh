@@ -22,12 +22,8 @@ elif [ "${releases[*]}" = all ]; then
   releases=("${keel_releases[@]}")
 fi
 
-debian_packages=(
-  build-essential cmake ninja-build ccache unzip iproute2 nftables
-  libabsl-dev libboost-dev libgtest-dev libgmock-dev libbenchmark-dev
-  nlohmann-json3-dev doxygen abigail-tools clang libclang-rt-14-dev llvm
-  libcpp-httplib-dev pkg-config
-)
+# The one list of Debian packages: scripts/debian-packages.txt.
+mapfile -t debian_packages < <(awk '!/^#/ && NF {print $1}' "$(dirname "$0")/debian-packages.txt")
 
 missing=()
 for p in "${debian_packages[@]}"; do

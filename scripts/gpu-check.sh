@@ -10,6 +10,11 @@
 #   scripts/gpu-check.sh --dry-run [--out DIR]    # anywhere: all that needs no GPU
 #   scripts/gpu-check.sh --prepare-debs DIR       # with a network: fetch what it carries
 #
+# Its three parts: the install (scripts/gpu-check-install.sh, reading the one
+# Debian package list, scripts/debian-packages.txt), the run (this script:
+# torch, configure, build, the CUDA suite and the benchmarks, each a bounded
+# step), and the summary (scripts/gpu_summary.py, whose goals are data).
+#
 # What it expects to find (it fetches nothing):
 #   - an NVIDIA GPU and its driver (libcuda.so.1); nvidia-smi is read if present;
 #   - python3 with a CUDA build of torch >= 2.9 (2.9 <= v < 2.13 is served by
@@ -18,10 +23,9 @@
 #     their headers and libraries serve, so no CUDA toolkit is needed);
 #   - a C++17 compiler (g++ >= 11 or clang++ >= 14), CMake >= 3.25, ninja
 #     (else make), readelf and nm (binutils);
-#   - the headers keel builds with, Debian's -dev packages: libabsl-dev,
-#     libboost-dev (Boost.Outcome), libgtest-dev, libgmock-dev,
-#     libbenchmark-dev, nlohmann-json3-dev. Missing ones are installed from
-#     the .deb files in --debs DIR (default build/gpu-check-debs), which
+#   - the headers keel builds with, the Debian packages tagged "gpu" in
+#     scripts/debian-packages.txt. Missing ones are installed from the .deb
+#     files in --debs DIR (default build/gpu-check-debs), which
 #     `--prepare-debs DIR` fills on a Debian 12 machine with `apt-get
 #     download`, together with the PyPI wheels of cmake and ninja for a
 #     machine whose CMake is older than 3.25.
@@ -57,35 +61,12 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-debian_packages=(libabsl-dev libboost-dev libgtest-dev libgmock-dev libbenchmark-dev
-  nlohmann-json3-dev ninja-build)
-
 if [ "$mode" = prepare ]; then
-  # The packages and the libraries they depend on (one level: the -dev
-  # packages' runtime libraries), less what every Debian or Ubuntu has.
-  mkdir -p "$debs"
-  debs=$(cd "$debs" && pwd)
-  [ -n "$(find /var/lib/apt/lists -name '*Packages*' -print -quit 2>/dev/null)" ] || apt-get update -qq
-  want=("${debian_packages[@]}")
-  for p in "${debian_packages[@]}"; do
-    while read -r d; do want+=("$d"); done < <(apt-cache depends --no-recommends --no-suggests \
-      --no-conflicts --no-breaks --no-replaces --no-enhances "$p" |
-      awk '$1 == "Depends:" && $2 !~ /^</ {print $2}' |
-      grep -v -E '^(libc6|libstdc\+\+6|libgcc-s1|zlib1g)$' || true)
-  done
-  mapfile -t want < <(printf '%s\n' "${want[@]}" | sort -u)
-  echo "gpu-check: downloading ${#want[@]} packages into $debs: ${want[*]}"
-  (cd "$debs" && apt-get download "${want[@]}")
-  python3 -m pip download --quiet --only-binary=:all: --no-deps -d "$debs" 'cmake>=3.25,<4' ninja
-  ls -l "$debs"
-  du -sh "$debs"
-  exit 0
+  exec scripts/gpu-check-install.sh --prepare "$debs"
 fi
 
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-# apt takes a .deb by path only when the path has a slash in front.
-[ ! -d "$debs" ] || debs=$(cd "$debs" && pwd)
 log=$out/gpu-check.log
 : > "$log"
 exec > >(tee -a "$log") 2>&1
@@ -125,50 +106,19 @@ missing_tools=()
 for tool in python3 cmake c++ readelf nm timeout; do
   command -v "$tool" >/dev/null || missing_tools+=("$tool")
 done
-generator=Ninja
-command -v ninja >/dev/null || generator="Unix Makefiles"
-cmake_ok=0
-if command -v cmake >/dev/null; then
-  cmake_version=$(cmake --version | sed -n 's/cmake version \([0-9.]*\).*/\1/p')
-  [ "$(printf '3.25\n%s\n' "$cmake_version" | sort -V | head -n1)" != 3.25 ] || cmake_ok=1
-fi
-# Each header keel needs, and the package that has it.
-declare -A header_package=(
-  [/usr/include/absl/base/config.h]=libabsl-dev
-  [/usr/include/boost/outcome.hpp]=libboost-dev
-  [/usr/include/gtest/gtest.h]=libgtest-dev
-  [/usr/include/gmock/gmock.h]=libgmock-dev
-  [/usr/include/benchmark/benchmark.h]=libbenchmark-dev
-  [/usr/include/nlohmann/json.hpp]=nlohmann-json3-dev
-)
-missing_packages=()
-for h in "${!header_package[@]}"; do
-  [ -e "$h" ] || missing_packages+=("${header_package[$h]}")
-done
-if [ ${#missing_packages[@]} -gt 0 ] || [ $cmake_ok -eq 0 ] || [ "$generator" != Ninja ]; then
-  say "missing: packages ${missing_packages[*]:-none}; cmake >= 3.25: $cmake_ok; ninja: $([ "$generator" = Ninja ] && echo yes || echo no)"
-  if [ -d "$debs" ] && ls "$debs"/*.deb >/dev/null 2>&1; then
-    sudo_cmd=""
-    [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
-    if [ ${#missing_packages[@]} -gt 0 ] || [ "$generator" != Ninja ]; then
-      say "installing the carried .deb files from $debs (no network)"
-      # apt resolves the files among themselves and the installed packages.
-      step install-debs 120 $sudo_cmd env DEBIAN_FRONTEND=noninteractive apt-get install -y \
-        --no-download --no-install-recommends "$debs"/*.deb ||
-        step install-debs-dpkg 120 $sudo_cmd dpkg -i --skip-same-version "$debs"/*.deb || true
-    fi
-    if [ $cmake_ok -eq 0 ] && ls "$debs"/cmake-*.whl >/dev/null 2>&1; then
-      say "installing CMake and ninja from the carried wheels"
-      step install-cmake 60 python3 -m pip install --quiet --no-index --find-links "$debs" \
-        cmake ninja || true
-      hash -r
-      cmake_ok=1
-    fi
-    command -v ninja >/dev/null && generator=Ninja
+mapfile -t missing_packages < <(scripts/gpu-check-install.sh --missing)
+if [ ${#missing_packages[@]} -gt 0 ]; then
+  say "missing: ${missing_packages[*]}"
+  if compgen -G "$debs/*.deb" >/dev/null || compgen -G "$debs/*.whl" >/dev/null; then
+    say "installing the carried files from $debs (no network)"
+    step install 240 scripts/gpu-check-install.sh --install "$debs" || true
+    hash -r
   elif [ "$mode" != dry-run ]; then
     say "no .deb files in $debs: run 'scripts/gpu-check.sh --prepare-debs $debs' on a machine with a network"
   fi
 fi
+generator=Ninja
+command -v ninja >/dev/null || generator="Unix Makefiles"
 
 # --- torch -------------------------------------------------------------------
 torch_json=$out/torch.json
@@ -208,9 +158,11 @@ if [ ${#missing_tools[@]} -gt 0 ]; then
   say "missing tools: ${missing_tools[*]}"
   ok=0
 fi
-for h in "${!header_package[@]}"; do
-  [ -e "$h" ] || { say "still missing: $h (${header_package[$h]})"; ok=0; }
-done
+mapfile -t still_missing < <(scripts/gpu-check-install.sh --missing | grep -vx ninja-build || true)
+if [ ${#still_missing[@]} -gt 0 ]; then
+  say "still missing: ${still_missing[*]}"
+  ok=0
+fi
 [ -n "$torch_dir" ] && [ -d "$torch_dir/include" ] || { say "no torch with include/ at '${torch_dir}'"; ok=0; }
 printf '{"step": "prerequisites", "status": "%s", "rc": %d, "seconds": %d}\n' \
   "$([ $ok -eq 1 ] && echo ok || echo failed)" $((1 - ok)) $((SECONDS - start)) >> "$steps_file"
@@ -260,69 +212,7 @@ elif [ $gpu_present -eq 0 ]; then
 fi
 
 # --- one JSON ------------------------------------------------------------------
-python3 - "$out" "$mode" "$gpu_present" "$((SECONDS - start))" <<'EOF'
-import json, os, sys
-out, mode, gpu, seconds = sys.argv[1], sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
-
-def load(name):
-    try:
-        with open(os.path.join(out, name)) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        return None
-
-steps = [json.loads(l) for l in open(os.path.join(out, "steps.jsonl")) if l.strip()]
-result = {"mode": mode, "gpu_present": gpu, "seconds": seconds, "budget_seconds": 480,
-          "steps": steps, "torch": load("torch.json")}
-if os.path.exists(os.path.join(out, "nvidia-smi.txt")):
-    result["nvidia_smi"] = open(os.path.join(out, "nvidia-smi.txt")).read().strip()
-conf = load("conformance-cuda.json")
-if conf:
-    cases = [t for s in conf.get("testsuites", []) for t in s.get("testsuite", [])]
-    skipped = [t for t in cases if t.get("result") == "SKIPPED" or t.get("status") == "NOTRUN"]
-    failed = [t["classname"] + "." + t["name"] for t in cases if t.get("failures")]
-    result["conformance_cuda"] = {
-        "tests": len(cases), "failed": failed, "skipped": len(skipped),
-        "passed": len(cases) - len(failed) - len(skipped),
-        "note": "why a test skipped is in gpu-check.log (gtest's JSON does not carry it)"}
-bench, flex = load("gpu-bench.json"), load("flex.json")
-result["gpu_bench"], result["flex_bench"] = bench, flex
-goals = {}
-if bench and flex and "attention" in bench:
-    for case in ("sliding_window_1024", "document_causal"):
-        k, f = bench["attention"].get(case), flex.get(case)
-        if not k or not f:
-            continue
-        fwd = k["keel_forward_ms"] / f["flex_forward_ms"]
-        fb = k["keel_forward_backward_ms"] / f["flex_forward_backward_ms"]
-        goals[f"attention.{case}"] = {
-            "keel_over_flex_forward": round(fwd, 3),
-            "keel_over_flex_forward_backward": round(fb, 3),
-            "keel_over_sdpa_dense_forward": round(k["keel_forward_ms"] / k["sdpa_dense_mask_forward_ms"], 3),
-            "goal": "keel / Flex <= 1.25", "met": fwd <= 1.25 and fb <= 1.25,
-            "keel_path": k.get("keel_path")}
-if bench and "loss" in bench:
-    v = bench["loss"]["variants"]
-    naive = v["naive"]
-    rows = {}
-    for name, r in v.items():
-        if name == "naive":
-            continue
-        mem = r["forward_backward_peak_bytes"] / naive["forward_backward_peak_bytes"]
-        time = r["forward_backward_ms"] / naive["forward_backward_ms"]
-        rows[name] = {"peak_memory_over_naive": round(mem, 3), "time_over_naive": round(time, 3),
-                      "met": mem <= 0.25 and time <= 1.2}
-    goals["loss"] = {"goal": "peak memory / naive <= 0.25 and time / naive <= 1.2",
-                     "variants": rows, "met_by": [n for n, r in rows.items() if r["met"]],
-                     "default_met": rows.get("keel_chunk_0", {}).get("met", False)}
-result["goals"] = goals
-if mode == "dry-run" or not gpu:
-    result["note"] = ("no GPU on this machine: prerequisites, configure and build were checked; "
-                      "the CUDA suite skips and no benchmark ran")
-with open(os.path.join(out, "gpu-check.json"), "w") as f:
-    json.dump(result, f, indent=2)
-print(json.dumps({k: result[k] for k in ("mode", "gpu_present", "seconds", "goals")}, indent=2))
-EOF
+python3 scripts/gpu_summary.py "$out" "$mode" "$gpu_present" "$((SECONDS - start))" "$budget"
 say "wrote $out/gpu-check.json and $log"
 status=0
 grep -q '"status": "\(failed\|timed_out\|skipped\)"' "$steps_file" && status=1

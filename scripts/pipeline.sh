@@ -7,8 +7,9 @@
 #                                 replays GOLDEN with that build's keel-compat and
 #                                 the adapter (KEEL_COMPARE_REPEAT runs per case,
 #                                 default 2), its report on stdout, its status
-#   keel_compare_line JSON        the report's one-line summary, as keel-compat
-#                                 printed it last (`N passed, F failed, ...`)
+#   keel_compare_line JSON        the report's one-line summary (`N passed, F failed,
+#                                 ...`), as keel-compat (or keel::compat::to_text, as
+#                                 tiny_lm) printed it beside JSON, in JSON.txt
 # shellcheck shell=bash
 
 # ctest counts a skipped test among the passed; its list names them "(Skipped)".
@@ -36,5 +37,5 @@ keel_compare() {
 }
 
 keel_compare_line() {
-  [ -f "$1.txt" ] && tail -n1 "$1.txt"
+  [ -f "$1.txt" ] && sed -n -E '/^[0-9]+ passed, [0-9]+ failed/p' "$1.txt" | tail -n1
 }

@@ -100,11 +100,10 @@ stage "keel-compat across releases"
 tiny=build/upgrade-check/tiny_lm-$keel_newest.safetensors
 "$(build_dir "$keel_newest" release)/tiny_lm" --record "$tiny" >/dev/null
 for r in "${keel_ci_extra[@]}"; do
-  "$(build_dir "$r" release)/tiny_lm" --compare "$tiny" --repeat 1 \
-    --json "build/upgrade-check/tiny_lm-$r.json" >/dev/null
+  json=build/upgrade-check/tiny_lm-$r.json
+  "$(build_dir "$r" release)/tiny_lm" --compare "$tiny" --repeat 1 --json "$json" > "$json.txt"
   summary+=("$(printf '%-8s %-9s %-28s %s' "$r" function "tiny_lm trained on $keel_newest" \
-    "$(python3 -c 'import json,sys; c=json.load(open(sys.argv[1]))["cases"][0]; print(c["status"] + ":", ", ".join("%s %.3g" % (o["name"], o["max_abs"]) for o in c["outputs"]))' \
-      "build/upgrade-check/tiny_lm-$r.json")")")
+    "$(keel_compare_line "$json")")")
 done
 stage "tiny_lm across releases"
 # One service binary for every release (docs/c-api.md): the C consumer, built
@@ -138,6 +137,7 @@ done
 stage "C consumer across releases"
 lint_builds=("$(build_dir "$keel_golden" sanitize)" "$(build_dir "$keel_newest" release)")
 for r in "${keel_ci_extra[@]}"; do lint_builds+=("$(build_dir "$r" release)"); done
+lint_builds+=("$(build_dir "$keel_newest" cuda)")  # the CUDA plugin's device file
 scripts/lint.sh "${lint_builds[@]}"
 stage "lint"
 

@@ -15,8 +15,8 @@
 
 #include "dispatch/attention.h"
 #include "dispatcher.h"
-#include "dtype_name.h"
 #include "guard.h"
+#include "keel/v1/dtype.h"
 #include "validate.h"
 
 namespace keel {
@@ -110,7 +110,7 @@ result<void> check_index_tensor(const char* name, const at::Tensor& t,
                                                want, " (", meaning, ")"));
   }
   if (!is_integer(t.scalar_type())) {
-    return internal::invalid(kOp, absl::StrCat(name, " has dtype ", internal::dtype_name(t),
+    return internal::invalid(kOp, absl::StrCat(name, " has dtype ", keel::dtype_name(t),
                                                "; expected an integer dtype (", meaning, ")"));
   }
   if (t.sizes() != at::IntArrayRef(shape)) {
@@ -150,8 +150,8 @@ result<void> check_block_mask(const std::string& at, const BlockMask& bm, const 
     }
     if (counts.scalar_type() != at::kInt || indices.scalar_type() != at::kInt) {
       return internal::invalid(
-          kOp, absl::StrCat(cn, " has dtype ", internal::dtype_name(counts), " and ", in,
-                            " has dtype ", internal::dtype_name(indices),
+          kOp, absl::StrCat(cn, " has dtype ", keel::dtype_name(counts), " and ", in, " has dtype ",
+                            keel::dtype_name(indices),
                             "; expected int32 for both (FlexAttention's BlockMask layout)"));
     }
     if (counts.dim() != 3 || !batch_heads_ok(counts, d) || counts.size(2) != qb) {
@@ -253,7 +253,7 @@ result<void> check_mask(const Mask& m, std::size_t index, const Dims& d, const a
         return internal::invalid(kOp, name + " is undefined; expected a bool tensor");
       if (m.tensor.scalar_type() != at::kBool) {
         return internal::invalid(
-            kOp, absl::StrCat(name, " has dtype ", internal::dtype_name(m.tensor),
+            kOp, absl::StrCat(name, " has dtype ", keel::dtype_name(m.tensor),
                               "; expected bool (true keeps; pass an additive float mask "
                               "as spec.bias)"));
       }
@@ -285,15 +285,15 @@ result<double> validate(const at::Tensor& q, const at::Tensor& k, const at::Tens
                             "); expected rank 4 [B, H, L, E]"));
     }
     if (!internal::is_supported_float(t->scalar_type())) {
-      return internal::invalid(kOp, absl::StrCat(name, " has dtype ", internal::dtype_name(*t),
+      return internal::invalid(kOp, absl::StrCat(name, " has dtype ", keel::dtype_name(*t),
                                                  "; expected ", internal::kSupportedFloats));
     }
   }
   for (const auto& [name, t] : {qkv[1], qkv[2]}) {
     if (t->scalar_type() != q.scalar_type()) {
       return internal::invalid(
-          kOp, absl::StrCat(name, " has dtype ", internal::dtype_name(*t), " but query has ",
-                            internal::dtype_name(q), "; expected the same dtype"));
+          kOp, absl::StrCat(name, " has dtype ", keel::dtype_name(*t), " but query has ",
+                            keel::dtype_name(q), "; expected the same dtype"));
     }
     result<void> dev = check_device(name, *t, q);
     if (!dev) return dev.error();
@@ -347,7 +347,7 @@ result<double> validate_spec(const at::Tensor& q, const AttentionSpec& spec, con
     if (!internal::is_supported_float(s.scalar_type()) || s.dim() != 1 || s.size(0) != d.q_heads) {
       return internal::invalid(
           kOp, absl::StrCat("spec.alibi_slopes has shape ", internal::shape_text(s), " and dtype ",
-                            internal::dtype_name(s), "; expected a float tensor [", d.q_heads,
+                            keel::dtype_name(s), "; expected a float tensor [", d.q_heads,
                             "] (one slope per query head)"));
     }
     result<void> dev = check_device("spec.alibi_slopes", s, q);
@@ -357,8 +357,8 @@ result<double> validate_spec(const at::Tensor& q, const AttentionSpec& spec, con
     const at::Tensor& b = spec.bias;
     if (b.scalar_type() != q.scalar_type()) {
       return internal::invalid(
-          kOp, absl::StrCat("spec.bias has dtype ", internal::dtype_name(b), " but query has ",
-                            internal::dtype_name(q), "; expected the same dtype"));
+          kOp, absl::StrCat("spec.bias has dtype ", keel::dtype_name(b), " but query has ",
+                            keel::dtype_name(q), "; expected the same dtype"));
     }
     if (!internal::broadcasts_to(b, {d.batch, d.q_heads, d.q_len, d.kv_len})) {
       return internal::invalid(kOp, absl::StrCat("spec.bias has shape ", internal::shape_text(b),
@@ -376,12 +376,11 @@ result<double> validate_spec(const at::Tensor& q, const AttentionSpec& spec, con
 result<void> check_host_index(const char* name, const at::Tensor& t, std::int64_t rank,
                               const std::string& want, const at::Tensor& q) {
   if (!t.defined() || !is_integer(t.scalar_type()) || t.dim() != rank) {
-    return internal::invalid(
-        kOp, absl::StrCat(name, " is ",
-                          t.defined()
-                              ? absl::StrCat(internal::dtype_name(t), " ", internal::shape_text(t))
-                              : std::string("undefined"),
-                          "; expected an integer tensor ", want));
+    return internal::invalid(kOp, absl::StrCat(name, " is ",
+                                               t.defined() ? absl::StrCat(keel::dtype_name(t), " ",
+                                                                          internal::shape_text(t))
+                                                           : std::string("undefined"),
+                                               "; expected an integer tensor ", want));
   }
   if (!t.device().is_cpu() && t.device() != q.device()) {
     return internal::invalid(
@@ -408,7 +407,7 @@ result<double> validate_paged(const at::Tensor& q, const PagedKVCache& c,
     }
     if (t->scalar_type() != q.scalar_type() || !internal::is_supported_float(t->scalar_type())) {
       return internal::invalid(
-          kOp, absl::StrCat(name, " has dtype ", internal::dtype_name(*t),
+          kOp, absl::StrCat(name, " has dtype ", keel::dtype_name(*t),
                             "; expected float16, bfloat16, float32 or float64, the same "
                             "for the query and both pools"));
     }

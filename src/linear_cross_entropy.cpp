@@ -12,8 +12,8 @@
 
 #include "dispatch/linear_cross_entropy.h"
 #include "dispatcher.h"
-#include "dtype_name.h"
 #include "guard.h"
+#include "keel/v1/dtype.h"
 #include "keel/v1/loss.h"
 #include "validate.h"
 #include "vocab_parallel.h"
@@ -31,16 +31,16 @@ result<void> validate_tensors(const at::Tensor& hidden, const at::Tensor& weight
   if (!weight.defined()) return internal::invalid(kOp, "weight is an undefined tensor");
   if (!target.defined()) return internal::invalid(kOp, "target is an undefined tensor");
   if (!internal::is_supported_float(hidden.scalar_type())) {
-    return internal::invalid(kOp, absl::StrCat("hidden has dtype ", internal::dtype_name(hidden),
+    return internal::invalid(kOp, absl::StrCat("hidden has dtype ", keel::dtype_name(hidden),
                                                "; expected ", internal::kSupportedFloats));
   }
   if (weight.scalar_type() != hidden.scalar_type()) {
     return internal::invalid(
-        kOp, absl::StrCat("weight has dtype ", internal::dtype_name(weight), " but hidden has ",
-                          internal::dtype_name(hidden), " (expected the same dtype)"));
+        kOp, absl::StrCat("weight has dtype ", keel::dtype_name(weight), " but hidden has ",
+                          keel::dtype_name(hidden), " (expected the same dtype)"));
   }
   if (target.scalar_type() != at::kLong) {
-    return internal::invalid(kOp, absl::StrCat("target has dtype ", internal::dtype_name(target),
+    return internal::invalid(kOp, absl::StrCat("target has dtype ", keel::dtype_name(target),
                                                "; expected int64 class indices"));
   }
   for (const auto& [name, t] : {std::pair{"weight", &weight}, std::pair{"target", &target}}) {
@@ -75,8 +75,8 @@ result<void> validate_vector(const char* name, const at::Tensor& t, const at::Te
                              std::int64_t vocab) {
   if (!t.defined()) return success();
   if (!internal::is_supported_float(t.scalar_type())) {
-    return internal::invalid(kOp, absl::StrCat(name, " has dtype ", internal::dtype_name(t),
-                                               "; expected a floating dtype"));
+    return internal::invalid(
+        kOp, absl::StrCat(name, " has dtype ", keel::dtype_name(t), "; expected a floating dtype"));
   }
   result<void> device = internal::check_same_device(kOp, name, t, "hidden", hidden);
   if (!device) return device;
@@ -158,9 +158,8 @@ result<void> validate_options(const at::Tensor& hidden, const at::Tensor& weight
   }
   if (o.bias.defined() && o.bias.scalar_type() != weight.scalar_type()) {
     return internal::invalid(
-        kOp,
-        absl::StrCat("options.bias has dtype ", internal::dtype_name(o.bias), " but weight has ",
-                     internal::dtype_name(weight), " (expected the same dtype)"));
+        kOp, absl::StrCat("options.bias has dtype ", keel::dtype_name(o.bias), " but weight has ",
+                          keel::dtype_name(weight), " (expected the same dtype)"));
   }
   return success();
 }

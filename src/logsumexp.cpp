@@ -7,7 +7,7 @@
 
 #include "dispatch/logsumexp.h"
 #include "dispatcher.h"
-#include "dtype_name.h"
+#include "keel/v1/dtype.h"
 #include "validate.h"
 
 namespace keel {
@@ -20,7 +20,7 @@ constexpr const char* kOp = "logsumexp";
 result<std::int64_t> validate(const at::Tensor& input, const LogsumexpOptions& options) {
   if (!input.defined()) return internal::invalid(kOp, "input is an undefined tensor");
   if (!internal::is_supported_float(input.scalar_type())) {
-    return internal::invalid(kOp, absl::StrCat("input has dtype ", internal::dtype_name(input),
+    return internal::invalid(kOp, absl::StrCat("input has dtype ", keel::dtype_name(input),
                                                "; expected ", internal::kSupportedFloats));
   }
   const std::int64_t rank = input.dim();
@@ -37,9 +37,8 @@ result<std::int64_t> validate(const at::Tensor& input, const LogsumexpOptions& o
   const at::Tensor& mask = options.mask;
   if (mask.defined()) {
     if (mask.scalar_type() != at::kBool) {
-      return internal::invalid(kOp,
-                               absl::StrCat("options.mask has dtype ", internal::dtype_name(mask),
-                                            "; expected bool (true keeps an entry)"));
+      return internal::invalid(kOp, absl::StrCat("options.mask has dtype ", keel::dtype_name(mask),
+                                                 "; expected bool (true keeps an entry)"));
     }
     result<void> device = internal::check_same_device(kOp, "options.mask", mask, "input", input);
     if (!device) return device.error();

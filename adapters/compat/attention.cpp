@@ -8,9 +8,12 @@
 #include <absl/strings/str_cat.h>
 
 #include "attention_mask.h"
+#include "attention_route.h"
 #include "block_sparse_attention.h"
 #include "decode_attention.h"
+#include "decode_policy.h"
 #include "dense_attention.h"
+#include "sequence_spec.h"
 
 namespace keel::adapters {
 
@@ -61,19 +64,21 @@ internal::AttentionResult gathered_paged_route(const internal::AttentionCall& ca
   return r;
 }
 
-// A paged cache goes to kernels::paged_attention on the CPU (pages read where
-// they lie), gathered per sequence elsewhere; on a contiguous cache, a few
-// queries (decode) go to kernels::decode_attention, dense calls SDPA computes
-// exactly to at::scaled_dot_product_attention, the rest to
+// Runs the kernel that kernels::attention_kernel (kernels/attention_route.h)
+// chooses: a paged cache on kernels::paged_attention on the CPU (pages read
+// where they lie), gathered per sequence elsewhere; on a contiguous cache, a
+// few queries (decode) on kernels::decode_attention, dense calls SDPA
+// computes exactly on at::scaled_dot_product_attention, the rest on
 // kernels::block_sparse_attention. `path` says which, and why.
 internal::AttentionResult compat_attention_route(const internal::AttentionCall& call) {
   // Every route allocates on q's device: make it the current one (a no-op on
   // the CPU), as ATen's own ops do.
   const at::OptionalDeviceGuard device(at::device_of(call.q));
   if (call.paged == nullptr) return contiguous_route(call);
-  if (!call.q.device().is_cpu()) return gathered_paged_route(call);
-  kernels::BlockSparseResult d =
-      kernels::paged_attention(call.q, *call.paged, call.spec, call.scale);
+  const kernels::KernelChoice choice = kernels::attention_kernel(
+      call.q, call.paged->k_pages, call.paged->v_pages, call.spec, /*paged=*/true);
+  if (choice.kernel == kernels::AttentionKernel::gathered_paged) return gathered_paged_route(call);
+  kernels::AttentionOutput d = kernels::paged_attention(call.q, *call.paged, call.spec, call.scale);
   internal::AttentionResult r;
   r.out = std::move(d.out);
   if (call.spec.return_lse) r.lse = std::move(d.lse);
@@ -88,8 +93,10 @@ internal::AttentionResult compat_attention_route(const internal::AttentionCall& 
 
 internal::AttentionResult contiguous_route(const internal::AttentionCall& call) {
   internal::AttentionResult r;
-  if (kernels::decode_serves(call.q, call.k, call.v, call.spec)) {
-    kernels::BlockSparseResult d =
+  const kernels::KernelChoice choice =
+      kernels::attention_kernel(call.q, call.k, call.v, call.spec, /*paged=*/false);
+  if (choice.kernel == kernels::AttentionKernel::decode) {
+    kernels::AttentionOutput d =
         kernels::decode_attention(call.q, call.k, call.v, call.spec, call.scale);
     r.out = std::move(d.out);
     if (call.spec.return_lse) r.lse = std::move(d.lse);
@@ -102,14 +109,13 @@ internal::AttentionResult contiguous_route(const internal::AttentionCall& call) 
     r.route = {AttentionRoute::decode, -1, d.visible_fraction};
     return r;
   }
-  const std::string refusal = kernels::sdpa_refusal(call.q, call.k, call.v, call.spec);
-  if (refusal.empty()) {
+  if (choice.kernel == kernels::AttentionKernel::dense) {
     r.out = kernels::sdpa_attention(call.q, call.k, call.v, call.spec, call.scale);
     r.path = "ran at::scaled_dot_product_attention (a dense call it computes exactly)";
     r.route = {AttentionRoute::dense, -1, 1.0};
     return r;
   }
-  kernels::BlockSparseResult b =
+  kernels::AttentionOutput b =
       kernels::block_sparse_attention(call.q, call.k, call.v, call.spec, call.scale);
   r.out = std::move(b.out);
   if (call.spec.return_lse) r.lse = std::move(b.lse);
@@ -119,7 +125,7 @@ internal::AttentionResult contiguous_route(const internal::AttentionCall& call) 
           : absl::StrCat(b.kernel_calls,
                          " call(s) of at::_scaled_dot_product_flash_attention_for_cpu");
   r.path = absl::StrCat("ran kernels::block_sparse_attention (", engine, "), not SDPA, because ",
-                        refusal, " (fraction of scores computed: ", b.visible_fraction, ")");
+                        choice.refusal, " (fraction of scores computed: ", b.visible_fraction, ")");
   r.route = {AttentionRoute::block_sparse, b.kernel_calls, b.visible_fraction};
   return r;
 }

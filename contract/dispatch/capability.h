@@ -12,8 +12,8 @@
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 
-#include "dtype_name.h"
 #include "keel/v1/build_info.h"
+#include "keel/v1/dtype.h"
 
 namespace keel::internal {
 

@@ -165,6 +165,14 @@ int build_info() {
   return info.adapters.empty() ? 1 : 0;
 }
 
+int dtype_names() {
+  //! [dtype_name]
+  const at::Tensor x = at::zeros({2}, at::kBFloat16);
+  std::cout << "x is " << keel::dtype_name(x) << "\n";  // "x is bfloat16"
+  //! [dtype_name]
+  return keel::dtype_name(x) == "bfloat16" && keel::dtype_name(at::kLong) == "int64" ? 0 : 1;
+}
+
 int compat_record_compare(const std::string& dir) {
   const std::string golden_path = dir + "/golden.safetensors";
   //! [compat]
@@ -250,6 +258,7 @@ int main() {
       {"logsumexp_masked", logsumexp_masked},
       {"loss", loss},
       {"build_info", build_info},
+      {"dtype_name", dtype_names},
       {"compat", [&] { return compat_record_compare(dir.string()); }},
       {"comm", comm_all_reduce}};
   int failed = 0;

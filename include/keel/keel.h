@@ -12,6 +12,7 @@
 #include "keel/v1/comm.h"
 #include "keel/v1/compat.h"
 #include "keel/v1/dispatch.h"
+#include "keel/v1/dtype.h"
 #include "keel/v1/error.h"
 #include "keel/v1/logsumexp.h"
 #include "keel/v1/loss.h"

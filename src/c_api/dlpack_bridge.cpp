@@ -7,6 +7,8 @@
 
 #include <ATen/ATen.h>
 
+#include "device.h"
+
 namespace keel::c_api {
 namespace {
 
@@ -102,15 +104,21 @@ result<at::Tensor> from_dlpack(const DLManagedTensorVersioned* managed, const st
                          std::to_string(t.dtype.bits) + ", lanes " + std::to_string(t.dtype.lanes) +
                          "), which keel does not take");
   }
-  at::Device device(at::kCPU);
-  if (t.device.device_type == kDLCUDA) {
+  if (t.device.device_type == kDLCUDA && !serves_device(kDLCUDA)) {
     return Error(Errc::unsupported,
                  name + " is a CUDA tensor; this keel plugin serves CPU tensors");
   }
-  if (t.device.device_type != kDLCPU) {
+  if (!serves_device(t.device.device_type)) {
     return bad(name, "is on DLPack device type " + std::to_string(t.device.device_type) +
-                         "; keel takes kDLCPU");
+                         "; keel takes kDLCPU and, in a CUDA plugin, kDLCUDA");
   }
+  if (t.device.device_id < 0 || t.device.device_id > std::numeric_limits<std::int8_t>::max()) {
+    return bad(name, "is on device " + std::to_string(t.device.device_id));
+  }
+  const at::Device device =
+      t.device.device_type == kDLCUDA
+          ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(t.device.device_id))
+          : at::Device(at::kCPU);
   if (t.ndim < 0 || t.ndim > 64) return bad(name, "has ndim " + std::to_string(t.ndim));
   if (t.ndim > 0 && t.shape == nullptr) return bad(name, "has no shape");
   std::vector<std::int64_t> sizes(t.shape, t.shape + t.ndim);
@@ -159,7 +167,8 @@ DLManagedTensorVersioned* to_dlpack(const at::Tensor& tensor,
   m.deleter = &delete_holder;
   m.flags = 0;
   m.dl_tensor.data = t.data_ptr();
-  m.dl_tensor.device = {kDLCPU, 0};
+  m.dl_tensor.device = t.is_cuda() ? DLDevice{kDLCUDA, static_cast<std::int32_t>(t.get_device())}
+                                   : DLDevice{kDLCPU, 0};
   m.dl_tensor.ndim = static_cast<std::int32_t>(t.dim());
   m.dl_tensor.shape = holder->shape.data();
   m.dl_tensor.strides = holder->strides.data();

@@ -22,6 +22,7 @@
 #include <c10/core/GradMode.h>
 #include <nlohmann/json.hpp>
 
+#include "device.h"
 #include "dlpack_bridge.h"
 #include "keel/c/keel.h"
 #include "keel/keel.h"
@@ -233,8 +234,11 @@ result<AttentionSpec> spec_of(const KEEL_AttentionSpec* c_spec, Inputs& in) {
   return spec;
 }
 
-// This plugin serves CPU tensors, which no stream orders.
-constexpr const char* kCpuStream = "stream must be NULL for CPU tensors";
+// Collectives order themselves after the work queued on their tensors'
+// device (c10d's own streams): they take no stream.
+constexpr const char* kCommStream =
+    "stream must be NULL for a collective (it is ordered after the work queued on its "
+    "tensors' current stream)";
 
 // ---------------------------------------------------------------- errors
 
@@ -391,9 +395,9 @@ KEEL_Error* attention_forward(KEEL_Attention_Forward_Args* args) noexcept {
   return guarded("KEEL_Attention_Forward", [&]() -> KEEL_Error* {
     KEEL_TRY(a, sized(args, KEEL_STRUCT_SIZE(KEEL_Attention_Forward_Args, served_backend),
                       "KEEL_Attention_Forward_Args"));
-    if (a.stream != nullptr) return make_error(KEEL_ERRC_INVALID_ARGUMENT, kCpuStream);
     Inputs in;
     KEEL_TRY(q, in.take(a.q, "q"));
+    KEEL_TRY(stream, enter_stream(a.stream, q.device()));
     KEEL_TRY(k, in.take(a.k, "k"));
     KEEL_TRY(v, in.take(a.v, "v"));
     KEEL_TRY(spec, spec_of(a.spec, in));
@@ -407,9 +411,9 @@ KEEL_Error* attention_backward(KEEL_Attention_Backward_Args* args) noexcept {
   return guarded("KEEL_Attention_Backward", [&]() -> KEEL_Error* {
     KEEL_TRY(a, sized(args, KEEL_STRUCT_SIZE(KEEL_Attention_Backward_Args, dbias),
                       "KEEL_Attention_Backward_Args"));
-    if (a.stream != nullptr) return make_error(KEEL_ERRC_INVALID_ARGUMENT, kCpuStream);
     Inputs in;
     KEEL_TRY(q, in.take(a.q, "q"));
+    KEEL_TRY(stream, enter_stream(a.stream, q.device()));
     KEEL_TRY(k, in.take(a.k, "k"));
     KEEL_TRY(v, in.take(a.v, "v"));
     KEEL_TRY(dout, in.take(a.dout, "dout"));
@@ -445,9 +449,9 @@ KEEL_Error* attention_paged(KEEL_Attention_Paged_Args* args) noexcept {
   return guarded("KEEL_Attention_Paged", [&]() -> KEEL_Error* {
     KEEL_TRY(a, sized(args, KEEL_STRUCT_SIZE(KEEL_Attention_Paged_Args, served_backend),
                       "KEEL_Attention_Paged_Args"));
-    if (a.stream != nullptr) return make_error(KEEL_ERRC_INVALID_ARGUMENT, kCpuStream);
     Inputs in;
     KEEL_TRY(q, in.take(a.q, "q"));
+    KEEL_TRY(stream, enter_stream(a.stream, q.device()));
     KEEL_TRY(cache, cache_of(a, in));
     KEEL_TRY(spec, spec_of(a.spec, in));
     spec.return_lse = a.return_lse != 0;
@@ -461,9 +465,9 @@ KEEL_Error* attention_packed_paged(KEEL_Attention_PackedPaged_Args* args) noexce
   return guarded("KEEL_Attention_PackedPaged", [&]() -> KEEL_Error* {
     KEEL_TRY(a, sized(args, KEEL_STRUCT_SIZE(KEEL_Attention_PackedPaged_Args, served_backend),
                       "KEEL_Attention_PackedPaged_Args"));
-    if (a.stream != nullptr) return make_error(KEEL_ERRC_INVALID_ARGUMENT, kCpuStream);
     Inputs in;
     KEEL_TRY(q, in.take(a.q, "q"));
+    KEEL_TRY(stream, enter_stream(a.stream, q.device()));
     KEEL_TRY(cu, in.take(a.cu_seqlens_q, "cu_seqlens_q"));
     KEEL_TRY(cache, cache_of(a, in));
     KEEL_TRY(spec, spec_of(a.spec, in));
@@ -747,7 +751,7 @@ KEEL_Error* comm_collective(KEEL_Comm_Collective_Args* args) noexcept {
     KEEL_TRY(a, sized(args, KEEL_STRUCT_SIZE(KEEL_Comm_Collective_Args, work),
                       "KEEL_Comm_Collective_Args"));
     if (a.comm == nullptr) return make_error(KEEL_ERRC_INVALID_ARGUMENT, "comm is NULL");
-    if (a.stream != nullptr) return make_error(KEEL_ERRC_INVALID_ARGUMENT, kCpuStream);
+    if (a.stream != nullptr) return make_error(KEEL_ERRC_INVALID_ARGUMENT, kCommStream);
     Inputs in;
     KEEL_TRY(work, run_collective(a, in));
     args->work = nullptr;

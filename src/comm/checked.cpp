@@ -9,8 +9,8 @@
 
 #include "comm/validation.h"
 #include "comm/waiting.h"
-#include "dtype_name.h"
 #include "guard.h"
+#include "keel/v1/dtype.h"
 
 namespace keel {
 inline namespace v1 {
@@ -76,7 +76,7 @@ std::string disagreement(const std::vector<std::optional<Descriptor>>& all, int 
 
 Descriptor describe_tensor_call(const at::Tensor& t, const std::string& detail) {
   Descriptor d;
-  d.call = absl::StrCat(internal::dtype_name(t), " ", internal::shape_text(t), detail);
+  d.call = absl::StrCat(keel::dtype_name(t), " ", internal::shape_text(t), detail);
   return d;
 }
 
@@ -84,7 +84,7 @@ Descriptor pairwise(const at::Tensor& input, const std::vector<std::int64_t>& in
                     const std::vector<std::int64_t>& output_splits) {
   Descriptor d;
   d.pairwise = true;
-  d.dtype = internal::dtype_name(input);
+  d.dtype = keel::dtype_name(input);
   auto sizes = input.sizes().vec();
   d.trailing.assign(sizes.begin() + 1, sizes.end());
   d.input_splits = input_splits;

@@ -15,7 +15,7 @@
 #include "comm/state.h"
 #include "comm/validation.h"
 #include "comm/waiting.h"
-#include "dtype_name.h"
+#include "keel/v1/dtype.h"
 #include "string_view_bridge.h"
 
 namespace keel {
@@ -189,10 +189,10 @@ result<Work> Communicator::all_gather_async(std::vector<at::Tensor>& outputs,
     ok = detail::check_tensor(*state_, name, arg, outputs[r]);
     if (!ok) return ok.error();
     if (outputs[r].sizes() != input.sizes() || outputs[r].scalar_type() != input.scalar_type()) {
-      return invalid(name, absl::StrCat(arg, ": expected ", internal::dtype_name(input), " ",
-                                        internal::shape_text(input), " (input's), got ",
-                                        internal::dtype_name(outputs[r]), " ",
-                                        internal::shape_text(outputs[r])));
+      return invalid(
+          name, absl::StrCat(arg, ": expected ", keel::dtype_name(input), " ",
+                             internal::shape_text(input), " (input's), got ",
+                             keel::dtype_name(outputs[r]), " ", internal::shape_text(outputs[r])));
     }
   }
   Op operation;

@@ -7,8 +7,8 @@
 
 #include "comm/validation.h"
 #include "comm/waiting.h"
-#include "dtype_name.h"
 #include "guard.h"
+#include "keel/v1/dtype.h"
 
 namespace keel {
 inline namespace v1 {
@@ -64,7 +64,7 @@ result<Work> issue(const std::shared_ptr<GroupState>& g, Op op, const CallOption
   entry.op = what_base;
   entry.bytes = op.bytes;
   if (op.tensor != nullptr && op.tensor->defined()) {
-    entry.dtype = internal::dtype_name(*op.tensor);
+    entry.dtype = keel::dtype_name(*op.tensor);
     entry.shape = op.tensor->sizes().vec();
   }
   entry.peers = op.peers.empty() ? g->world_ranks : op.peers;

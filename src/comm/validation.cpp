@@ -3,7 +3,7 @@
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
 
-#include "dtype_name.h"
+#include "keel/v1/dtype.h"
 #include "string_view_bridge.h"
 #include "validate.h"
 
@@ -87,8 +87,8 @@ result<void> check_tensor(const GroupState& g, std::string_view op, std::string_
 result<void> check_same_dtype(std::string_view op, const at::Tensor& output,
                               const at::Tensor& input) {
   if (output.scalar_type() != input.scalar_type()) {
-    return invalid(op, absl::StrCat("output: dtype ", internal::dtype_name(output),
-                                    " differs from input's ", internal::dtype_name(input)));
+    return invalid(op, absl::StrCat("output: dtype ", keel::dtype_name(output),
+                                    " differs from input's ", keel::dtype_name(input)));
   }
   return success();
 }
@@ -98,8 +98,7 @@ result<void> check_reduce_op(std::string_view op, ReduceOp reduce, const at::Ten
     return invalid(op, absl::StrCat("op: not a ReduceOp (", static_cast<int>(reduce), ")"));
   }
   if (reduce == ReduceOp::avg && !at::isFloatingType(t.scalar_type())) {
-    return invalid(op,
-                   absl::StrCat("op: avg needs a floating dtype, got ", internal::dtype_name(t)));
+    return invalid(op, absl::StrCat("op: avg needs a floating dtype, got ", keel::dtype_name(t)));
   }
   return success();
 }

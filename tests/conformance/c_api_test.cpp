@@ -21,6 +21,7 @@
 #include <gtest/gtest.h>
 
 #include "c_api/dlpack_bridge.h"
+#include "conformance/c_api_support.h"
 #include "keel/c/keel.hpp"
 #include "keel/keel.h"
 
@@ -38,22 +39,10 @@ at::Tensor from(CTensor& t) {
   return t ? at::fromDLPackVersioned(t.release()) : at::Tensor();
 }
 
-bool bitwise(const at::Tensor& a, const at::Tensor& b) {
-  if (!a.defined() || !b.defined()) return a.defined() == b.defined();
-  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
-  const at::Tensor x = a.contiguous(), y = b.contiguous();
-  return std::memcmp(x.data_ptr(), y.data_ptr(), x.numel() * x.element_size()) == 0;
-}
+using testing::bitwise;
 
 const keel::c::Plugin& plugin() {
-  static const keel::c::Plugin p = [] {
-    keel::c::LoadOptions o;
-    o.plugin_path = KEEL_PLUGIN_FILE;
-    keel::c::Result<keel::c::Plugin> r = keel::c::Plugin::load(o);
-    if (!r) throw std::runtime_error(r.error().message());
-    return std::move(r).value();
-  }();
-  return p;
+  return testing::this_plugin();
 }
 
 at::Tensor randn(at::IntArrayRef shape, at::ScalarType dtype) {

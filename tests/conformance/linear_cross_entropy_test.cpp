@@ -17,8 +17,9 @@
 
 #include "conformance/adapters.h"
 #include "conformance/error_bounds.h"
-#include "harness/peak_memory.h"
+#include "engine/peak_memory.h"
 #include "reference/linear_cross_entropy_reference.h"
+#include "support/loss_options.h"
 
 namespace keel {
 namespace {
@@ -28,79 +29,42 @@ using torch::autograd::variable_list;
 
 constexpr const char* kNativeReason = "only in Python";
 
-// One row of the option table.
-struct Case {
-  const char* name;
-  Reduction reduction;
-  std::int64_t ignore_index;  // -100 is absent from the targets unless ignored_share > 0
-  double ignored_share;
-  double label_smoothing;
-  bool class_weights;
-  bool bias;
-  double logit_softcap;
-  double z_loss;
-  std::int64_t tokens;
-  std::int64_t vocab;
+// One row of the option table (tests/support/loss_options.h) and the
+// tokens per chunk.
+struct Case : testing::LossOptionRow {
   std::int64_t chunk_size;
 };
 
-// Inputs in float64; a test rounds them to the dtype under test and gives
-// the reference the rounded values, so only the computation is compared.
-struct Inputs {
-  at::Tensor hidden;  // [N, D]
-  at::Tensor weight;  // [V, D]
-  at::Tensor target;  // [N]
-  at::Tensor class_weights;
-  at::Tensor bias;
-};
+using Inputs = testing::LossInputs;
+using testing::reference_case;
 
 constexpr std::int64_t kDim = 24;
 
+// Inputs in float64; a test rounds them to the dtype under test and gives
+// the reference the rounded values, so only the computation is compared.
 Inputs make_inputs(const Case& c, std::int64_t dim = kDim) {
-  Inputs in;
-  in.hidden = at::randn({c.tokens, dim}, at::kDouble);
-  in.weight = at::randn({c.vocab, dim}, at::kDouble) * (0.4 * std::sqrt(24.0 / dim));
-  in.target = at::randint(0, c.vocab, {c.tokens}, at::kLong);
-  if (c.ignored_share > 0) {
-    const at::Tensor drop = at::rand({c.tokens}, at::kDouble) < c.ignored_share;
-    in.target.masked_fill_(drop, c.ignore_index);
-  }
-  if (c.class_weights) in.class_weights = at::rand({c.vocab}, at::kDouble) * 2 + 0.1;
-  if (c.bias) in.bias = at::randn({c.vocab}, at::kDouble);
-  return in;
-}
-
-reference::LinearCrossEntropyCase reference_case(const Case& c, const Inputs& in) {
-  reference::LinearCrossEntropyCase r;
-  r.reduction = c.reduction;
-  r.ignore_index = c.ignore_index;
-  r.label_smoothing = c.label_smoothing;
-  r.class_weights = in.class_weights;
-  r.bias = in.bias;
-  r.z_loss = c.z_loss;
-  r.logit_softcap = c.logit_softcap;
-  return r;
+  return testing::make_loss_inputs(c, dim, 0.4 * std::sqrt(24.0 / dim));
 }
 
 const Case kTable[] = {
     // name                      reduction        ignore ign%  smooth cw     bias   cap  z     N   V
     // chunk
-    {"mean_plain", Reduction::mean, -100, 0.0, 0.0, false, false, 0, 0, 17, 37, 0},
-    {"mean_ignored", Reduction::mean, -100, 0.3, 0.0, false, false, 0, 0, 23, 37, 5},
-    {"mean_smooth_weights", Reduction::mean, -100, 0.3, 0.2, true, false, 0, 0, 23, 41, 7},
-    {"mean_weights_bias", Reduction::mean, -100, 0.0, 0.0, true, true, 0, 0, 16, 40, 3},
-    {"mean_softcap_z", Reduction::mean, -100, 0.2, 0.0, false, true, 2.5, 1e-3, 19, 33, 4},
-    {"mean_everything", Reduction::mean, -100, 0.25, 0.1, true, true, 3.0, 1e-2, 21, 50, 8},
-    {"mean_ignore_is_a_class", Reduction::mean, 3, 0.0, 0.1, false, false, 0, 0, 30, 7, 6},
-    {"sum_plain", Reduction::sum, -100, 0.0, 0.0, false, true, 0, 0, 12, 29, 5},
-    {"sum_smooth_ignored", Reduction::sum, -100, 0.3, 0.3, false, false, 0, 0, 20, 31, 1},
-    {"sum_weights_softcap", Reduction::sum, -100, 0.1, 0.0, true, false, 1.5, 0, 14, 64, 0},
-    {"sum_z", Reduction::sum, -100, 0.0, 0.05, false, true, 0, 1e-2, 9, 33, 2},
-    {"none_plain", Reduction::none, -100, 0.0, 0.0, false, false, 0, 0, 15, 37, 4},
-    {"none_everything", Reduction::none, -100, 0.3, 0.15, true, true, 2.0, 1e-2, 22, 45, 6},
-    {"none_one_token", Reduction::none, -100, 0.0, 0.1, false, true, 0, 0, 1, 19, 0},
-    {"mean_one_token", Reduction::mean, -100, 0.0, 0.0, true, false, 0, 1e-3, 1, 11, 0},
-    {"smoothing_one", Reduction::mean, -100, 0.2, 1.0, true, false, 0, 0, 13, 21, 4},
+    {{"mean_plain", Reduction::mean, -100, 0.0, 0.0, false, false, 0, 0, 17, 37}, 0},
+    {{"mean_ignored", Reduction::mean, -100, 0.3, 0.0, false, false, 0, 0, 23, 37}, 5},
+    {{"mean_smooth_weights", Reduction::mean, -100, 0.3, 0.2, true, false, 0, 0, 23, 41}, 7},
+    {{"mean_weights_bias", Reduction::mean, -100, 0.0, 0.0, true, true, 0, 0, 16, 40}, 3},
+    {{"mean_softcap_z", Reduction::mean, -100, 0.2, 0.0, false, true, 2.5, 1e-3, 19, 33}, 4},
+    {{"mean_everything", Reduction::mean, -100, 0.25, 0.1, true, true, 3.0, 1e-2, 21, 50}, 8},
+    {{"mean_ignore_is_a_class", Reduction::mean, 3, 0.0, 0.1, false, false, 0, 0, 30, 7}, 6},
+    {{"sum_plain", Reduction::sum, -100, 0.0, 0.0, false, true, 0, 0, 12, 29}, 5},
+    {{"sum_smooth_ignored", Reduction::sum, -100, 0.3, 0.3, false, false, 0, 0, 20, 31}, 1},
+    {{"sum_weights_softcap", Reduction::sum, -100, 0.1, 0.0, true, false, 1.5, 0, 14, 64}, 0},
+    {{"sum_z", Reduction::sum, -100, 0.0, 0.05, false, true, 0, 1e-2, 9, 33}, 2},
+    {{"none_plain", Reduction::none, -100, 0.0, 0.0, false, false, 0, 0, 15, 37}, 4},
+    {{"none_everything", Reduction::none, -100, 0.3, 0.15, true, true, 2.0, 1e-2, 22, 45}, 6},
+    {{"none_one_token", Reduction::none, -100, 0.0, 0.1, false, true, 0, 0, 1, 19}, 0},
+    {{"mean_one_token", Reduction::mean, -100, 0.0, 0.0, true, false, 0, 1e-3, 1, 11}, 0},
+    {{"smoothing_one", Reduction::mean, -100, 0.2, 1.0, true, false, 0, 0, 13, 21}, 4},
 };
 
 LinearCrossEntropyOptions options_for_backend(const Case& c, const Inputs& in, at::ScalarType dtype,
@@ -238,7 +202,7 @@ TEST_P(LinearCrossEntropyConformance, ReferenceIsPyTorchsCrossEntropy) {
 }
 
 TEST_P(LinearCrossEntropyConformance, HalfTypesAreWithinTheNaiveSamePrecisionError) {
-  const Case c{"mixed", Reduction::none, -100, 0.2, 0.1, true, true, 0, 0, 40, 300, 16};
+  const Case c{{"mixed", Reduction::none, -100, 0.2, 0.1, true, true, 0, 0, 40, 300}, 16};
   const Inputs in = make_inputs(c);
   for (const auto& [dtype, slack] : {std::pair{at::kBFloat16, 1e-2}, std::pair{at::kHalf, 1e-3}}) {
     SCOPED_TRACE(c10::toString(dtype));
@@ -276,7 +240,7 @@ TEST_P(LinearCrossEntropyConformance, HalfTypesAreWithinTheNaiveSamePrecisionErr
 }
 
 TEST_P(LinearCrossEntropyConformance, BatchedInputGivesTheFlattenedResultInTargetsShape) {
-  const Case c{"batched", Reduction::none, -100, 0.2, 0.0, false, false, 0, 0, 12, 30, 5};
+  const Case c{{"batched", Reduction::none, -100, 0.2, 0.0, false, false, 0, 0, 12, 30}, 5};
   const Inputs in = make_inputs(c);
   const at::Tensor h = in.hidden.to(at::kFloat);
   const at::Tensor w = in.weight.to(at::kFloat);
@@ -293,7 +257,7 @@ TEST_P(LinearCrossEntropyConformance, BatchedInputGivesTheFlattenedResultInTarge
 }
 
 TEST_P(LinearCrossEntropyConformance, ReturnsPerTokenLossAndLseThatAddUpToTheLoss) {
-  const Case c{"outputs", Reduction::mean, -100, 0.3, 0.1, true, true, 2.0, 1e-2, 25, 40, 6};
+  const Case c{{"outputs", Reduction::mean, -100, 0.3, 0.1, true, true, 2.0, 1e-2, 25, 40}, 6};
   const Inputs in = make_inputs(c);
   LinearCrossEntropyOptions o = options_for(c, in, at::kDouble);
   o.class_weights = in.class_weights;
@@ -310,7 +274,7 @@ TEST_P(LinearCrossEntropyConformance, ReturnsPerTokenLossAndLseThatAddUpToTheLos
 }
 
 TEST_P(LinearCrossEntropyConformance, NonContiguousAndExpandedInputs) {
-  const Case c{"strided", Reduction::sum, -100, 0.1, 0.1, false, true, 0, 0, 10, 26, 3};
+  const Case c{{"strided", Reduction::sum, -100, 0.1, 0.1, false, true, 0, 0, 10, 26}, 3};
   const Inputs in = make_inputs(c);
   // hidden as a transpose, weight as a column slice, target as a stride-2
   // view, and an expanded (stride-0) hidden.
@@ -342,7 +306,7 @@ TEST_P(LinearCrossEntropyConformance, NonContiguousAndExpandedInputs) {
 }
 
 TEST_P(LinearCrossEntropyConformance, AllIgnoredMeanIsNanWithZeroGradients) {
-  const Case c{"all_ignored", Reduction::mean, -100, 1.0, 0.1, true, false, 0, 1e-2, 8, 20, 3};
+  const Case c{{"all_ignored", Reduction::mean, -100, 1.0, 0.1, true, false, 0, 1e-2, 8, 20}, 3};
   const Inputs in = make_inputs(c);
   ASSERT_TRUE(in.target.eq(-100).all().item<bool>());
   const at::Tensor h = in.hidden.to(at::kFloat).requires_grad_(true);
@@ -377,7 +341,7 @@ TEST_P(LinearCrossEntropyConformance, ZeroFeatureDimensionGivesTheBiasOnlyLoss) 
 }
 
 TEST_P(LinearCrossEntropyConformance, FrozenWeightGetsNoGradient) {
-  const Case c{"frozen", Reduction::mean, -100, 0.2, 0.0, false, true, 0, 0, 12, 30, 4};
+  const Case c{{"frozen", Reduction::mean, -100, 0.2, 0.0, false, true, 0, 0, 12, 30}, 4};
   const Inputs in = make_inputs(c);
   const at::Tensor h = in.hidden.clone().requires_grad_(true);
   const at::Tensor w = in.weight.clone();  // frozen
@@ -395,7 +359,7 @@ TEST_P(LinearCrossEntropyConformance, FrozenWeightGetsNoGradient) {
 }
 
 TEST_P(LinearCrossEntropyConformance, NoGradModeBuildsNoGraph) {
-  const Case c{"no_grad", Reduction::mean, -100, 0.0, 0.0, false, false, 0, 0, 8, 20, 3};
+  const Case c{{"no_grad", Reduction::mean, -100, 0.0, 0.0, false, false, 0, 0, 8, 20}, 3};
   const Inputs in = make_inputs(c);
   const at::Tensor h = in.hidden.clone().requires_grad_(true);
   const at::Tensor w = in.weight.clone().requires_grad_(true);
@@ -409,7 +373,7 @@ TEST_P(LinearCrossEntropyConformance, NoGradModeBuildsNoGraph) {
 }
 
 TEST_P(LinearCrossEntropyConformance, ChunkSizeDoesNotChangeTheResultAndRunsAreBitwiseEqual) {
-  const Case base{"chunks", Reduction::mean, -100, 0.2, 0.1, true, true, 2.0, 1e-2, 29, 43, 0};
+  const Case base{{"chunks", Reduction::mean, -100, 0.2, 0.1, true, true, 2.0, 1e-2, 29, 43}, 0};
   const Inputs in = make_inputs(base);
   struct Run {
     at::Tensor loss, grad_hidden, grad_weight, grad_bias;
@@ -504,8 +468,9 @@ TEST_P(LinearCrossEntropyConformance, ResultsAreBitwiseRepeatableAtEachThreadCou
   const ThreadCountGuard restore;
   for (const Plan& plan : plans) {
     SCOPED_TRACE(plan.name);
-    const Case c{plan.name, plan.reduction, -100,        0.1,        0.1,       true, true,
-                 2.0,       1e-3,           plan.tokens, plan.vocab, plan.chunk};
+    const Case c{
+        {plan.name, plan.reduction, -100, 0.1, 0.1, true, true, 2.0, 1e-3, plan.tokens, plan.vocab},
+        plan.chunk};
     const Inputs in = make_inputs(c, /*dim=*/128);
     const at::Tensor upstream = at::randn({c.tokens}, at::kFloat);
     const auto run = [&](int threads) {
@@ -578,7 +543,7 @@ TEST_P(LinearCrossEntropyConformance, TightBudgetUsesVocabularyBlocksAndMatchesT
   // automatic plan cuts the vocabulary into blocks and recomputes in
   // backward, which (unlike whole rows) lets a reduced loss backpropagate
   // twice.
-  const Case c{"tight", Reduction::mean, -100, 0.2, 0.1, true, true, 0, 1e-2, 40, 300, 0};
+  const Case c{{"tight", Reduction::mean, -100, 0.2, 0.1, true, true, 0, 1e-2, 40, 300}, 0};
   const Inputs in = make_inputs(c);
   const at::Tensor h = in.hidden.to(at::kFloat).requires_grad_(true);
   const at::Tensor w = in.weight.to(at::kFloat).requires_grad_(true);
@@ -603,7 +568,8 @@ TEST_P(LinearCrossEntropyConformance, TightBudgetUsesVocabularyBlocksAndMatchesT
 }
 
 TEST_P(LinearCrossEntropyConformance, AccumulationDtypeOption) {
-  const Case c{"accumulation", Reduction::none, -100, 0.2, 0.1, true, true, 2.0, 1e-2, 30, 200, 8};
+  const Case c{{"accumulation", Reduction::none, -100, 0.2, 0.1, true, true, 2.0, 1e-2, 30, 200},
+               8};
   const Inputs in = make_inputs(c);
   const at::Tensor upstream = at::randn({c.tokens}, at::kDouble);
   reference::LinearCrossEntropyCase rc = reference_case(c, in);
@@ -645,7 +611,7 @@ TEST_P(LinearCrossEntropyConformance, AccumulationDtypeOption) {
   // error of the naive float32 upcast (F.linear in bfloat16, then
   // cross-entropy in float32) plus the bfloat16 slack.
   {
-    const Case b{"bf16", Reduction::none, -100, 0.2, 0.1, true, true, 0, 0, 30, 200, 8};
+    const Case b{{"bf16", Reduction::none, -100, 0.2, 0.1, true, true, 0, 0, 30, 200}, 8};
     const Inputs bin = make_inputs(b);
     const at::Tensor h = bin.hidden.to(at::kBFloat16);
     const at::Tensor w = bin.weight.to(at::kBFloat16);
@@ -672,7 +638,7 @@ TEST_P(LinearCrossEntropyConformance, AccumulationDtypeOption) {
 }
 
 TEST_P(LinearCrossEntropyConformance, GradientMatchesFiniteDifferencesInFloat64) {
-  const Case c{"fd", Reduction::mean, -100, 0.2, 0.1, true, true, 1.5, 1e-2, 5, 9, 2};
+  const Case c{{"fd", Reduction::mean, -100, 0.2, 0.1, true, true, 1.5, 1e-2, 5, 9}, 2};
   const Inputs in = make_inputs(c);
   LinearCrossEntropyOptions o = options_for(c, in, at::kDouble);
   o.class_weights = in.class_weights;
@@ -700,7 +666,7 @@ TEST_P(LinearCrossEntropyConformance, GradientMatchesFiniteDifferencesInFloat64)
 }
 
 TEST_P(LinearCrossEntropyConformance, SecondOrderGradientIsAClearError) {
-  const Case c{"double_backward", Reduction::sum, -100, 0.0, 0.0, false, false, 0, 0, 6, 10, 2};
+  const Case c{{"double_backward", Reduction::sum, -100, 0.0, 0.0, false, false, 0, 0, 6, 10}, 2};
   const Inputs in = make_inputs(c);
   const at::Tensor h = in.hidden.clone().requires_grad_(true);
   const at::Tensor w = in.weight.clone().requires_grad_(true);
@@ -716,7 +682,7 @@ TEST_P(LinearCrossEntropyConformance, SecondOrderGradientIsAClearError) {
 }
 
 TEST_P(LinearCrossEntropyConformance, BackwardTwiceThroughOneReducedLossIsAClearError) {
-  const Case c{"twice", Reduction::mean, -100, 0.0, 0.0, false, false, 0, 0, 6, 10, 2};
+  const Case c{{"twice", Reduction::mean, -100, 0.0, 0.0, false, false, 0, 0, 6, 10}, 2};
   const Inputs in = make_inputs(c);
   const at::Tensor h = in.hidden.clone().requires_grad_(true);
   auto r = linear_cross_entropy(h, in.weight, in.target, options_for(c, in, at::kDouble));
@@ -753,7 +719,7 @@ TEST_P(LinearCrossEntropyConformance, TokensTimesVocabAbove2To31UsesWideIndexing
 }
 
 TEST_P(LinearCrossEntropyConformance, ReductionNoneRecomputesSoItCanBackpropagateTwice) {
-  const Case c{"none_twice", Reduction::none, -100, 0.2, 0.1, false, false, 0, 0, 9, 14, 4};
+  const Case c{{"none_twice", Reduction::none, -100, 0.2, 0.1, false, false, 0, 0, 9, 14}, 4};
   const Inputs in = make_inputs(c);
   const at::Tensor h = in.hidden.clone().requires_grad_(true);
   auto r = linear_cross_entropy(h, in.weight, in.target, options_for(c, in, at::kDouble));

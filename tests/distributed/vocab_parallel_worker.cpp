@@ -31,6 +31,7 @@
 #include "keel/keel.h"
 #include "loopback.h"
 #include "reference/linear_cross_entropy_reference.h"
+#include "support/loss_options.h"
 
 namespace {
 
@@ -61,18 +62,9 @@ void fail(const std::string& what) {
 // rank order (rank 0 holds the last classes).
 enum class Split : std::uint8_t { even, uneven, reversed };
 
-struct Case {
-  const char* name;
-  Reduction reduction;
-  std::int64_t ignore_index;
-  double ignored_share;
-  double label_smoothing;
-  bool class_weights;
-  bool bias;
-  double logit_softcap;
-  double z_loss;
-  std::int64_t tokens;
-  std::int64_t vocab;
+// One row of the loss's option table (tests/support/loss_options.h), and
+// how it runs on the ranks.
+struct Case : keel::testing::LossOptionRow {
   std::int64_t vocab_chunk;  // 0: whole rows (gradients in forward)
   at::ScalarType dtype;
   Split split;
@@ -83,19 +75,19 @@ constexpr std::int64_t kDim = 24;
 
 // clang-format off
 const Case kCases[] = {
-  // name                   reduction        ignore ign%  smooth cw     bias   cap  z     N   V    vblk dtype       split            grad
-  {"mean_plain",            Reduction::mean, -100, 0.0,  0.0,   false, false, 0,   0,    40, 61,  0,   at::kDouble, Split::even,     true},
-  {"mean_smooth_weights",   Reduction::mean, -100, 0.2,  0.3,   true,  false, 0,   0,    40, 61,  0,   at::kDouble, Split::uneven,   true},
-  {"mean_everything",       Reduction::mean, -100, 0.2,  0.25,  true,  true,  3.0, 1e-2, 37, 50,  0,   at::kDouble, Split::reversed, true},
-  {"mean_ignore_is_a_class",Reduction::mean, 3,    0.0,  0.1,   false, false, 0,   0,    30, 17,  0,   at::kDouble, Split::uneven,   true},
-  {"mean_all_ignored",      Reduction::mean, -100, 1.0,  0.1,   true,  false, 0,   1e-2, 8,  20,  0,   at::kDouble, Split::even,     true},
-  {"sum_z_bias",            Reduction::sum,  -100, 0.1,  0.0,   false, true,  0,   5e-2, 33, 45,  0,   at::kDouble, Split::reversed, true},
-  {"sum_weights_softcap",   Reduction::sum,  -100, 0.0,  0.1,   true,  false, 1.5, 0,    29, 64,  0,   at::kDouble, Split::even,     true},
-  {"none_everything",       Reduction::none, -100, 0.3,  0.15,  true,  true,  2.0, 1e-2, 22, 45,  0,   at::kDouble, Split::uneven,   true},
-  {"vocab_blocks_mean",     Reduction::mean, -100, 0.1,  0.2,   true,  true,  0,   1e-2, 41, 70,  4,   at::kDouble, Split::uneven,   true},
-  {"vocab_blocks_none",     Reduction::none, -100, 0.1,  0.0,   false, true,  2.0, 0,    41, 70,  5,   at::kDouble, Split::reversed, true},
-  {"float32_everything",    Reduction::mean, -100, 0.2,  0.2,   true,  true,  2.5, 1e-3, 64, 300, 0,   at::kFloat,  Split::uneven,   true},
-  {"no_grad",               Reduction::mean, -100, 0.1,  0.1,   true,  true,  0,   1e-2, 40, 61,  0,   at::kDouble, Split::uneven,   false},
+  // name                     reduction        ign   ign% smth  cw     bias   cap  z     N   V     vb dtype        split            grad
+  {{"mean_plain",             Reduction::mean, -100, 0.0, 0.0,  false, false, 0,   0,    40, 61},  0, at::kDouble, Split::even,     true},
+  {{"mean_smooth_weights",    Reduction::mean, -100, 0.2, 0.3,  true,  false, 0,   0,    40, 61},  0, at::kDouble, Split::uneven,   true},
+  {{"mean_everything",        Reduction::mean, -100, 0.2, 0.25, true,  true,  3.0, 1e-2, 37, 50},  0, at::kDouble, Split::reversed, true},
+  {{"mean_ignore_is_a_class", Reduction::mean, 3,    0.0, 0.1,  false, false, 0,   0,    30, 17},  0, at::kDouble, Split::uneven,   true},
+  {{"mean_all_ignored",       Reduction::mean, -100, 1.0, 0.1,  true,  false, 0,   1e-2, 8,  20},  0, at::kDouble, Split::even,     true},
+  {{"sum_z_bias",             Reduction::sum,  -100, 0.1, 0.0,  false, true,  0,   5e-2, 33, 45},  0, at::kDouble, Split::reversed, true},
+  {{"sum_weights_softcap",    Reduction::sum,  -100, 0.0, 0.1,  true,  false, 1.5, 0,    29, 64},  0, at::kDouble, Split::even,     true},
+  {{"none_everything",        Reduction::none, -100, 0.3, 0.15, true,  true,  2.0, 1e-2, 22, 45},  0, at::kDouble, Split::uneven,   true},
+  {{"vocab_blocks_mean",      Reduction::mean, -100, 0.1, 0.2,  true,  true,  0,   1e-2, 41, 70},  4, at::kDouble, Split::uneven,   true},
+  {{"vocab_blocks_none",      Reduction::none, -100, 0.1, 0.0,  false, true,  2.0, 0,    41, 70},  5, at::kDouble, Split::reversed, true},
+  {{"float32_everything",     Reduction::mean, -100, 0.2, 0.2,  true,  true,  2.5, 1e-3, 64, 300}, 0, at::kFloat,  Split::uneven,   true},
+  {{"no_grad",                Reduction::mean, -100, 0.1, 0.1,  true,  true,  0,   1e-2, 40, 61},  0, at::kDouble, Split::uneven,   false},
 };
 // clang-format on
 
@@ -146,15 +138,8 @@ struct Problem {
 
 Problem make_problem(const Case& c) {
   at::manual_seed(1234);
-  Problem p;
-  p.hidden = at::randn({c.tokens, kDim}, at::kDouble);
-  p.weight = at::randn({c.vocab, kDim}, at::kDouble) * 0.4;
-  p.target = at::randint(0, c.vocab, {c.tokens}, at::kLong);
-  if (c.ignored_share > 0) {
-    p.target.masked_fill_(at::rand({c.tokens}, at::kDouble) < c.ignored_share, c.ignore_index);
-  }
-  if (c.class_weights) p.class_weights = at::rand({c.vocab}, at::kDouble) * 2 + 0.1;
-  if (c.bias) p.bias = at::randn({c.vocab}, at::kDouble);
+  const keel::testing::LossInputs in = keel::testing::make_loss_inputs(c, kDim, 0.4);
+  Problem p{in.hidden, in.weight, in.target, in.class_weights, in.bias, {}};
   p.upstream = at::randn({c.tokens}, at::kDouble);
   // The values keel sees, rounded to the case's dtype, are the reference's.
   const auto round = [&](at::Tensor& t) {
@@ -239,14 +224,9 @@ int run_case(const Args& a, Communicator& comm) {
   // The reference: the whole vocabulary, unsharded, in float64.
   const at::Tensor h64 = p.hidden.clone().requires_grad_(true);
   const at::Tensor w64 = p.weight.clone().requires_grad_(true);
-  keel::reference::LinearCrossEntropyCase rc;
-  rc.reduction = c.reduction;
-  rc.ignore_index = c.ignore_index;
-  rc.label_smoothing = c.label_smoothing;
-  rc.class_weights = p.class_weights;
-  rc.bias = c.bias ? p.bias.clone().requires_grad_(true) : at::Tensor();
-  rc.z_loss = c.z_loss;
-  rc.logit_softcap = c.logit_softcap;
+  keel::reference::LinearCrossEntropyCase rc =
+      keel::testing::reference_case(c, {p.hidden, p.weight, p.target, p.class_weights, p.bias});
+  if (rc.bias.defined()) rc.bias = rc.bias.clone().requires_grad_(true);
   const auto ref = keel::reference::linear_cross_entropy(h64, w64, p.target, rc);
 
   // float64 is exact to rounding; float32 as the unsharded conformance suite.

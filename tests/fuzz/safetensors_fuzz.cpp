@@ -8,7 +8,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include "harness/safetensors.h"
+#include "engine/safetensors.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   at::set_num_threads(1);

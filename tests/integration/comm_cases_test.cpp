@@ -16,9 +16,9 @@
 #include <nlohmann/json.hpp>
 
 #include "conformance/adapters.h"
-#include "harness/rank_workers.h"
-#include "harness/safetensors.h"
-#include "harness/upgrade_check.h"
+#include "engine/safetensors.h"
+#include "suite/rank_workers.h"
+#include "suite/record_compare.h"
 
 namespace keel::harness {
 namespace {

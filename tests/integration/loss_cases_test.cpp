@@ -10,9 +10,9 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
-#include "harness/rank_workers.h"
-#include "harness/suite.h"
 #include "reference/linear_cross_entropy_reference.h"
+#include "suite/rank_workers.h"
+#include "suite/suite.h"
 
 namespace keel::harness {
 namespace {
@@ -41,15 +41,13 @@ TEST_P(VocabParallelCase, GivesTheUnshardedFloat64ResultOnItsStoredInputs) {
   ASSERT_TRUE(run) << run.error().to_string();
   EXPECT_EQ(run.value().adapter, "compat");
 
+  const LinearCrossEntropyOptions o = harness::loss_options_of(c);
   reference::LinearCrossEntropyCase ref_case;
-  const std::string reduction = c.options.value("reduction", "mean");
-  ref_case.reduction = reduction == "sum"    ? Reduction::sum
-                       : reduction == "none" ? Reduction::none
-                                             : Reduction::mean;
-  ref_case.label_smoothing = c.options.value("label_smoothing", 0.0);
-  ref_case.z_loss = c.options.value("z_loss", 0.0);
-  ref_case.logit_softcap = c.options.value("logit_softcap", 0.0);
-  if (c.inputs.count("class_weights") != 0u) ref_case.class_weights = c.inputs.at("class_weights");
+  ref_case.reduction = o.reduction;
+  ref_case.label_smoothing = o.label_smoothing;
+  ref_case.z_loss = o.z_loss;
+  ref_case.logit_softcap = o.logit_softcap;
+  ref_case.class_weights = o.class_weights;
   const at::Tensor h = c.inputs.at("hidden").to(at::kDouble).requires_grad_(true);
   const at::Tensor w = c.inputs.at("weight").to(at::kDouble).requires_grad_(true);
   std::vector<at::Tensor> wrt{h, w};

@@ -32,8 +32,18 @@ LAYERS = {
                       ["compat/compat_adapter.h"]),
     "keel_core": ("src/logsumexp.cpp",
                   ["masked_logsumexp.h", "attention_mask.h", "accumulation.h", "flash_plan.h",
-                   "c10d_backends.h", "compat/compat_adapter.h"],
-                  ["dispatch/comm.h", "dispatch/capability.h", "dtype_name.h", "comm/liveness.h"]),
+                   "c10d_backends.h", "compat/compat_adapter.h", "golden.h", "engine/golden.h",
+                   "suite/suite.h"],
+                  ["dispatch/comm.h", "dispatch/capability.h", "keel/v1/dtype.h",
+                   "comm/liveness.h"]),
+    "keel_compat_engine": ("compat/engine/golden.cpp",
+                           ["suite/suite.h", "suite.h", "record_compare.h", "validate.h",
+                            "dispatcher.h", "dispatch/capability.h", "attention_mask.h"],
+                           ["safetensors.h", "keel/v1/compat.h"]),
+    "keel_compat_suite": ("compat/suite/suite.cpp",
+                          ["validate.h", "dispatcher.h", "dispatch/capability.h",
+                           "attention_mask.h", "c10d_backends.h", "golden.h"],
+                          ["engine/golden.h", "suite/rank_workers.h"]),
 }
 
 

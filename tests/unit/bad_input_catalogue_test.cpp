@@ -14,9 +14,9 @@
 
 #include <ATen/ATen.h>
 
-#include "harness/safetensors.h"
-#include "harness/upgrade_check.h"
+#include "engine/safetensors.h"
 #include "keel/keel.h"
+#include "suite/record_compare.h"
 
 namespace {
 

@@ -1,6 +1,6 @@
 // The kernels' planners, apart from the kernels that run them: the
 // flash route's calls (kernels/flash_plan.h) and the loss's chunking
-// (kernels/chunked_linear_cross_entropy.h). Each expected plan is worked out
+// (kernels/loss_plan.h). Each expected plan is worked out
 // by hand in the comment above it, from the mask's definition and the block
 // size (128), or from the budget's formula; none is read back from the code.
 #include <gtest/gtest.h>
@@ -12,8 +12,8 @@
 
 #include <ATen/ATen.h>
 
-#include "chunked_linear_cross_entropy.h"
 #include "flash_plan.h"
+#include "loss_plan.h"
 
 namespace keel::kernels {
 namespace {

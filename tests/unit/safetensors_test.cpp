@@ -6,7 +6,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include "harness/safetensors.h"
+#include "engine/safetensors.h"
 
 namespace keel::harness {
 namespace {

@@ -9,9 +9,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "harness/diff.h"
-#include "harness/safetensors.h"
-#include "harness/upgrade_check.h"
+#include "engine/diff.h"
+#include "engine/safetensors.h"
+#include "suite/record_compare.h"
 
 namespace keel::harness {
 namespace {

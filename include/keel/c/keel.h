@@ -46,10 +46,16 @@
 ///   libtorch's, never an alias of an input); free it with
 ///   `t->deleter(t)`, from any thread, before the plugin's process exits.
 ///   Outputs are writable and contiguous.
-/// - **Streams.** `stream` is the CUDA stream (`cudaStream_t`) that a CUDA
-///   call is ordered on; it must be NULL for CPU tensors. This release's
-///   plugins serve CPU tensors; a CUDA tensor is `KEEL_ERRC_UNSUPPORTED`
-///   on a CPU plugin.
+/// - **Devices and streams.** A plugin's flavour says what it serves: a
+///   "cpu" plugin takes CPU tensors, and a CUDA tensor is
+///   `KEEL_ERRC_UNSUPPORTED`; a CUDA plugin ("cu132": the CUDA release its
+///   libtorch was built for) takes CPU and CUDA tensors. `stream` is the
+///   CUDA stream (`cudaStream_t`) that a CUDA call is ordered on: the call
+///   makes it current on the tensors' device, so its work follows what the
+///   caller queued there, and its outputs are ready in that stream's order
+///   when it returns; NULL is libtorch's current stream. It must be NULL for
+///   CPU tensors (`KEEL_ERRC_INVALID_ARGUMENT`) and for a collective, which
+///   c10d orders after the work queued on its tensors' current stream.
 ///
 /// What crosses in 0.1: build information and typed capabilities; attention
 /// forward with every mask and modifier, its explicit backward (no autograd
@@ -539,7 +545,7 @@ typedef struct KEEL_Comm_Collective_Args {
   size_t num_input_splits;                  ///< 0 or the ranks.
   int64_t timeout_ms;                       ///< This call's bound; 0: the communicator's.
   int32_t async;                            ///< Nonzero: return at once with `work`.
-  void* stream;                             ///< The CUDA stream; NULL for CPU tensors.
+  void* stream;                             ///< Must be NULL (see "Devices and streams").
   KEEL_Work* work;                          ///< Out, with `async`: the work in flight.
 } KEEL_Comm_Collective_Args;
 /// Runs one collective. A timeout aborts the communicator

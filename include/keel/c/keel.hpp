@@ -458,10 +458,14 @@ class Plugin {
     return std::string(a.supported ? a.adapter : "");
   }
 
-  /// `keel::attention(q, k, v, spec)`; `spec` may be NULL.
+  /// `keel::attention(q, k, v, spec)`; `spec` may be NULL. `stream`: the
+  /// `cudaStream_t` a CUDA call runs on (a CUDA plugin; NULL: libtorch's
+  /// current stream), NULL for CPU tensors.
   Result<AttentionResult> attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                    const KEEL_AttentionSpec* spec, bool return_lse = false) const {
+                                    const KEEL_AttentionSpec* spec, bool return_lse = false,
+                                    void* stream = nullptr) const {
     auto a = make_args<KEEL_Attention_Forward_Args>();
+    a.stream = stream;
     a.q = q.get();
     a.k = k.get();
     a.v = v.get();
@@ -471,11 +475,12 @@ class Plugin {
     return AttentionResult{Tensor::adopt(a.out), Tensor::adopt(a.lse), a.served_backend};
   }
 
-  /// Attention's gradients for `dout`.
+  /// Attention's gradients for `dout`; `stream` as for attention().
   Result<AttentionGradients> attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                                const KEEL_AttentionSpec* spec,
-                                                const Tensor& dout) const {
+                                                const KEEL_AttentionSpec* spec, const Tensor& dout,
+                                                void* stream = nullptr) const {
     auto a = make_args<KEEL_Attention_Backward_Args>();
+    a.stream = stream;
     a.q = q.get();
     a.k = k.get();
     a.v = v.get();
@@ -486,12 +491,13 @@ class Plugin {
                               Tensor::adopt(a.dbias)};
   }
 
-  /// Attention against a paged cache.
+  /// Attention against a paged cache; `stream` as for attention().
   Result<AttentionResult> attention_paged(const Tensor& q, const Tensor& k_pages,
                                           const Tensor& v_pages, const Tensor& page_table,
                                           const Tensor& lengths, const KEEL_AttentionSpec* spec,
-                                          bool return_lse = false) const {
+                                          bool return_lse = false, void* stream = nullptr) const {
     auto a = make_args<KEEL_Attention_Paged_Args>();
+    a.stream = stream;
     a.q = q.get();
     a.k_pages = k_pages.get();
     a.v_pages = v_pages.get();
@@ -504,13 +510,15 @@ class Plugin {
   }
 
   /// Packed ragged queries `[T, Hq, E]` (offsets `cu_seqlens_q`) against a
-  /// paged cache: a serving step in one call.
+  /// paged cache: a serving step in one call; `stream` as for attention().
   Result<AttentionResult> attention_packed_paged(const Tensor& q, const Tensor& cu_seqlens_q,
                                                  const Tensor& k_pages, const Tensor& v_pages,
                                                  const Tensor& page_table, const Tensor& lengths,
                                                  const KEEL_AttentionSpec* spec,
-                                                 bool return_lse = false) const {
+                                                 bool return_lse = false,
+                                                 void* stream = nullptr) const {
     auto a = make_args<KEEL_Attention_PackedPaged_Args>();
+    a.stream = stream;
     a.q = q.get();
     a.cu_seqlens_q = cu_seqlens_q.get();
     a.k_pages = k_pages.get();

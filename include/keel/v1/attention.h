@@ -17,6 +17,8 @@
 /// @snippet examples/snippets/header_snippets.cpp attention_window
 ///
 /// Semantics every adapter keeps, and traps:
+/// - Every call's `keel::result` is `[[nodiscard]]`: ignoring one is a
+///   warning (an error under `-Werror`); drop one on purpose with `(void)`.
 /// - The score of query i and key j is `s = scale * <q_i, k_j>`; then, when
 ///   `softcap > 0`, `s = softcap * tanh(s / softcap)`; then ALiBi and `bias`
 ///   are added; then the mask removes what it hides. Softmax and the

@@ -35,6 +35,8 @@
 ///   temporary directory) and names the file in the error message.
 ///
 /// Traps:
+/// - Every call's `keel::result` is `[[nodiscard]]`: ignoring one is a
+///   warning (an error under `-Werror`); drop one on purpose with `(void)`.
 /// - Every rank of a group must issue the same operations in the same order
 ///   with matching shapes and dtypes, as in c10d. With `CommOptions::checked`
 ///   (or `KEEL_COMM_CHECK=1`) keel verifies shapes and dtypes first, by a

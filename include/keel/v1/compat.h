@@ -20,6 +20,10 @@
 ///
 /// @snippet examples/snippets/header_snippets.cpp compat
 ///
+/// Traps:
+/// - Every call's `keel::result` is `[[nodiscard]]`: ignoring one is a
+///   warning (an error under `-Werror`); drop one on purpose with `(void)`.
+///
 /// Measuring peak memory installs a counting wrapper around libtorch's CPU
 /// allocator on the first `record()` or `compare()`, for the rest of the
 /// process: it forwards every call, and keeps each live allocation's size

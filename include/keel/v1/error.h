@@ -15,9 +15,14 @@
 /// Callers who prefer exceptions call `.value()` directly: on an error it
 /// throws `keel::BadResultAccess`, which carries the `keel::Error`.
 ///
-/// Traps: `result<T>` is not a `std::optional`; test it with `if (r)` or
-/// `r.has_value()`, and read the error with `r.error()` only when it holds one
-/// (`error()` on a value also throws `BadResultAccess`).
+/// Traps:
+/// - `result<T>` is `[[nodiscard]]` (Boost.Outcome marks `basic_result`):
+///   ignoring a call's result is a warning (an error under `-Werror`), since
+///   an ignored error is a failure nobody sees; drop one on purpose with
+///   `(void)call(...);`.
+/// - `result<T>` is not a `std::optional`; test it with `if (r)` or
+///   `r.has_value()`, and read the error with `r.error()` only when it holds
+///   one (`error()` on a value also throws `BadResultAccess`).
 #pragma once
 
 #include <cstdint>

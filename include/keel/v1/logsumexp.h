@@ -19,6 +19,10 @@
 ///   NaN), and its gradient is 0.
 /// - A row holding +inf gives +inf; a row holding NaN gives NaN.
 /// - The result is differentiable through autograd with respect to `input`.
+///
+/// Traps:
+/// - Every call's `keel::result` is `[[nodiscard]]`: ignoring one is a
+///   warning (an error under `-Werror`); drop one on purpose with `(void)`.
 #pragma once
 
 #include <cstdint>

@@ -23,6 +23,8 @@
 /// @snippet examples/snippets/header_snippets.cpp loss
 ///
 /// Traps:
+/// - Every call's `keel::result` is `[[nodiscard]]`: ignoring one is a
+///   warning (an error under `-Werror`); drop one on purpose with `(void)`.
 /// - With `Reduction::mean`, a call whose targets are all `ignore_index`
 ///   gives NaN (0 / 0), as PyTorch does; its gradients are 0.
 /// - With class weights, `Reduction::mean` divides by the sum of the class
