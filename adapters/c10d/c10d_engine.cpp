@@ -1,4 +1,4 @@
-#include "c10d_engine.h"
+#include "c10d/c10d_engine.h"
 
 #include <utility>
 

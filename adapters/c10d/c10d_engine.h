@@ -9,7 +9,7 @@
 #include <string>
 #include <utility>
 
-#include "c10d_backends.h"
+#include "c10d/c10d_backends.h"
 #include "dispatch/comm.h"
 
 namespace keel::adapters {

@@ -3,7 +3,7 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
-#include "c10d_backends.h"
+#include "c10d/c10d_backends.h"
 
 namespace keel::internal {
 

@@ -1,7 +1,7 @@
 // ProcessGroupNCCL, in CUDA builds (KEEL_WITH_CUDA); the CPU build says why
 // it has none. Also what both backends share: choosing one, and reading
 // their failures.
-#include "c10d_backends.h"
+#include "c10d/c10d_backends.h"
 
 #include <absl/strings/match.h>
 

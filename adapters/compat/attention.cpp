@@ -1,4 +1,4 @@
-#include "attention.h"
+#include "compat/attention.h"
 
 #include <string>
 #include <vector>

@@ -1,6 +1,6 @@
-#include "comm.h"
+#include "compat/comm.h"
 
-#include "c10d_engine.h"
+#include "c10d/c10d_engine.h"
 
 namespace keel::adapters {
 

@@ -1,9 +1,9 @@
-#include "compat_adapter.h"
+#include "compat/compat_adapter.h"
 
-#include "attention.h"
-#include "comm.h"
+#include "compat/attention.h"
+#include "compat/comm.h"
+#include "compat/linear_cross_entropy.h"
 #include "dispatch/logsumexp.h"
-#include "linear_cross_entropy.h"
 #include "masked_logsumexp.h"
 #include "vector_math.h"
 

@@ -1,6 +1,6 @@
 // The compat adapter's linear_cross_entropy: keel's chunked implementation
 // (kernels/chunked_linear_cross_entropy.*), on ATen ops present since 2.9.
-#include "linear_cross_entropy.h"
+#include "compat/linear_cross_entropy.h"
 
 #include <memory>
 #include <utility>

@@ -1,4 +1,4 @@
-#include "attention.h"
+#include "native/attention.h"
 
 #include <c10/util/Exception.h>
 

@@ -1,13 +1,13 @@
 // The native communicator on libtorch 2.13 (see comm.h): the three
 // collectives 2.13 renamed live on c10d::ProcessGroup only.
-#include "comm.h"
+#include "native/comm.h"
 
 #include <utility>
 
 #include <torch/headeronly/version.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
-#include "c10d_engine.h"
+#include "c10d/c10d_engine.h"
 
 // 2.14 moved the canonical names onto c10d::Backend: comm_2_14.cpp.
 #if TORCH_VERSION_MAJOR != 2 || TORCH_VERSION_MINOR != 13

@@ -3,13 +3,13 @@
 // reduce_scatter_single, all_to_all_single; include/torch/csrc/distributed/
 // c10d/Backend.hpp), and the names 2.9 has became forwarding aliases of
 // them. No ProcessGroup wrapper is needed.
-#include "comm.h"
+#include "native/comm.h"
 
 #include <utility>
 
 #include <torch/headeronly/version.h>
 
-#include "c10d_engine.h"
+#include "c10d/c10d_engine.h"
 
 // 2.13 has these names on c10d::ProcessGroup only: comm_2_13.cpp.
 #if TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 14)

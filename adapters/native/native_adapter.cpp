@@ -1,4 +1,4 @@
-#include "native_adapter.h"
+#include "native/native_adapter.h"
 
 #include <limits>
 
@@ -6,10 +6,10 @@
 #include <torch/headeronly/version.h>
 
 #include "accumulation.h"
-#include "attention.h"
-#include "comm.h"
 #include "dispatch/linear_cross_entropy.h"
 #include "dispatch/logsumexp.h"
+#include "native/attention.h"
+#include "native/comm.h"
 #include "vector_math.h"
 
 // torch/headeronly/version.h is new in 2.13 (the macros moved there); CMake
