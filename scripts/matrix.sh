@@ -91,7 +91,7 @@ write_table() {
 
 Written by \`scripts/matrix.sh\` (every release of \`cmake/torch-releases.txt\`,
 one after the other) on $(date -u '+%Y-%m-%d %H:%M UTC'), keel commit
-\`$(git rev-parse --short HEAD)\`$(git diff --quiet HEAD || echo ' with uncommitted changes'), on
+\`$(git rev-parse --short HEAD)\`$(git diff --quiet HEAD -- . ':!docs/releases.md' || echo ' with uncommitted changes'), on
 $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(. /etc/os-release && echo "$PRETTY_NAME"), $(c++ --version | head -n1).
 Each release: the \`release\` preset (g++, every ctest test, the soak at
 $KEEL_SOAK_ROUNDS rounds; "skipped": the CUDA suite without a GPU, and the
