@@ -1,7 +1,6 @@
 #include "comm/issue.h"
 
 #include <mutex>
-#include <thread>
 
 #include <absl/strings/str_cat.h>
 
@@ -81,7 +80,7 @@ result<Work> issue(const std::shared_ptr<GroupState>& g, Op op, const CallOption
   }
   if (!op.empty && op.blocking) {
     w->thread = std::make_shared<ThreadWait>();
-    std::thread([thread = w->thread, start, t = timeout.value()]() mutable {
+    run_detached([thread = w->thread, start, t = timeout.value()]() mutable {
       std::exception_ptr error;
       try {
         start(t)->wait();
@@ -89,7 +88,7 @@ result<Work> issue(const std::shared_ptr<GroupState>& g, Op op, const CallOption
         error = std::current_exception();
       }
       thread->done(error);
-    }).detach();
+    });
     g->last_blocking = w;  // the group's next operation waits for it
     g->last_blocking_thread = w->thread;
     return Access::work(std::move(w));

@@ -1,5 +1,8 @@
 #include "comm/state.h"
 
+#include <cstdlib>
+#include <thread>
+
 #include <absl/strings/str_cat.h>
 
 #include "diagnostics.h"
@@ -32,6 +35,58 @@ void ignore_leak([[maybe_unused]] const void* object) {
 namespace keel {
 inline namespace v1 {
 namespace comm::detail {
+
+namespace {
+
+// keel's detached threads: never destroyed, as a thread may still count
+// itself out after the exit drain gave up on it.
+struct Detached {
+  std::mutex mutex;
+  std::condition_variable cv;
+  int running = 0;
+  int registered = 0;  // exit drains registered
+};
+
+Detached& detached() {
+  static auto* const d = new Detached;  // NOLINT(cppcoreguidelines-owning-memory): immortal
+  return *d;
+}
+
+void drain_detached_threads() {
+  Detached& d = detached();
+  std::unique_lock<std::mutex> lock(d.mutex);
+  (void)d.cv.wait_for(lock, kExitDrain, [&] { return d.running == 0; });
+}
+
+// The drain is registered again for each of the process's first detached
+// threads: exit handlers run last-registered first, and libtorch builds
+// some of its statics lazily, on a collective's first call. By the
+// sixteenth, those of every path a detached thread takes exist.
+constexpr int kExitDrainRegistrations = 16;
+
+}  // namespace
+
+void run_detached(std::function<void()> body) {
+  Detached& d = detached();
+  bool register_drain = false;
+  {
+    std::lock_guard<std::mutex> lock(d.mutex);
+    ++d.running;
+    if (d.registered < kExitDrainRegistrations) {
+      ++d.registered;
+      register_drain = true;
+    }
+  }
+  if (register_drain) (void)std::atexit(drain_detached_threads);
+  std::thread([body = std::move(body)]() mutable {
+    body();
+    body = nullptr;  // its captures (c10d work, the group) go first
+    Detached& self = detached();
+    std::lock_guard<std::mutex> lock(self.mutex);
+    --self.running;
+    self.cv.notify_all();
+  }).detach();
+}
 
 GroupState::~GroupState() {
   // A backend with work that never finished (a dead peer, a timeout, an

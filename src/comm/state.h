@@ -121,6 +121,22 @@ struct ThreadWait {
   }
 };
 
+// Runs `body` on a thread of keel's own that outlives the call starting it
+// (a Gloo collective that finishes inside its call; a send/recv wait), and
+// ends inside libtorch by the operation's own deadline. Such a thread must
+// not be inside libtorch while the process exits: one that woke in
+// c10d::Work::wait as exit() destroyed libtorch's statics crashed the
+// process (SIGSEGV in c10d::RankLocal<WorkRegistry>::get, a stopped rank
+// resumed after its group was re-formed without it, libtorch 2.14.1).
+// So each counts while it runs, `body`'s captures included, and at exit
+// keel waits for the count to reach zero, at most kExitDrain: enough for
+// a thread that is running to leave, while one still blocked in Gloo until
+// its deadline does not hold the exit (it stays blocked as the process
+// ends). The wait is registered with std::atexit after the process's first
+// detached threads (so it runs before the statics their calls construct).
+inline constexpr Millis kExitDrain{2000};
+void run_detached(std::function<void()> body);
+
 struct WorkState {
   std::shared_ptr<GroupState> group;
   c10::intrusive_ptr<c10d::Work> work;  // null: nothing to move (empty tensors)

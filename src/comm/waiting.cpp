@@ -165,7 +165,7 @@ result<void> wait_work(WorkState& w, Clock::time_point deadline) {
     p2p = std::make_shared<ThreadWait>();
     auto work = w.work;
     const auto budget = std::chrono::duration_cast<Millis>(deadline - Clock::now()) + Millis(1000);
-    std::thread([work, p2p, budget] {
+    run_detached([work, p2p, budget] {
       std::exception_ptr error;
       try {
         work->wait(std::max(budget, Millis(1)));
@@ -173,7 +173,7 @@ result<void> wait_work(WorkState& w, Clock::time_point deadline) {
         error = std::current_exception();
       }
       p2p->done(error);
-    }).detach();
+    });
   }
   // Only send and recv works can be woken early (Work::abort).
   auto stop = [&] {
