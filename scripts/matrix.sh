@@ -96,10 +96,10 @@ $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(. /etc/os-release &&
 Each release: the \`release\` preset (g++, every ctest test, the soak at
 $KEEL_SOAK_ROUNDS rounds; "skipped": the CUDA suite without a GPU, and the
 numeric suites of an adapter that declines the operation); "compare" replays the golden recorded on
-$keel_golden in that release's keel-compat with each adapter (cases passing
-/ all cases, "+ N declined" where the adapter declines a case, with its
-reason in the report; "-" where the build has no such adapter; each cell is
-keel-compat's own one-line summary). Logs:
+$keel_golden in that release's keel-compat with each adapter; each cell is
+keel-compat's own one-line summary (a case the adapter declines counts as
+skipped, with its reason in the report; "-" where the build has no such
+adapter). Logs:
 \`build/matrix/<release>/\`.
 
 EOF
