@@ -66,6 +66,11 @@ std::int64_t fused_keys(const at::Tensor& q, const at::Tensor& k, const at::Tens
 
 }  // namespace
 
+at::Tensor kernel_layout(const at::Tensor& t) {
+  if (!t.defined() || t.dim() == 0 || t.size(-1) <= 1 || t.stride(-1) == 1) return t;
+  return t.contiguous();
+}
+
 KernelChoice attention_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                               const AttentionSpec& spec, bool paged) {
   if (paged) {
@@ -75,6 +80,12 @@ KernelChoice attention_kernel(const at::Tensor& q, const at::Tensor& k, const at
   std::string refusal = sdpa_refusal(q, k, v, spec);
   if (refusal.empty()) return {AttentionKernel::dense, {}};
   return {AttentionKernel::block_sparse, std::move(refusal)};
+}
+
+bool block_sparse_on_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const AttentionSpec& spec) {
+  return q.device().is_cpu() && q.size(2) > 0 && k.size(2) > 0 && v.size(3) == q.size(3) &&
+         spec.softcap == 0 && !spec.alibi_slopes.defined() && !spec.bias.defined();
 }
 
 DecodeRoutes decode_routes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -16,6 +16,15 @@
 
 namespace keel::kernels {
 
+// The one layout rule of keel's attention kernels: they read a tensor with
+// its last dimension at stride 1, and any strides elsewhere (a transposed
+// [B, L, H, E] view, a slice of a fused QKV buffer, a storage offset, 0 for
+// a broadcast dimension). A tensor whose last dimension is strided comes
+// back as a contiguous copy, as at::scaled_dot_product_attention makes its
+// inputs; autograd reaches the caller's tensor through the copy. Every route
+// (dense, block-sparse, decode, paged, packed) reads its inputs through this.
+at::Tensor kernel_layout(const at::Tensor& t);
+
 // keel's attention kernels, as attention_kernel chooses among them.
 enum class AttentionKernel {
   paged,           // paged_attention: a paged cache on the CPU, pages read where they lie
@@ -35,6 +44,14 @@ struct KernelChoice {
 // are the pools of a paged cache.
 KernelChoice attention_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                               const AttentionSpec& spec, bool paged);
+
+// Whether the block-sparse kernel runs its blocks on libtorch's CPU flash
+// kernel (else on its tile loop of ATen ops): CPU tensors, Lq and Lk >= 1,
+// no score modifier (the kernel adds only a mask), Ev == E. Its own autograd
+// function carries the lse, so unlike the decode kernel's flash blocks, a
+// call that returns the lse on the graph stays on the flash kernel.
+bool block_sparse_on_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const AttentionSpec& spec);
 
 // The routes open to the sequences of a decode call that see the same keys
 // (q, k and v as the kernel reads them: k and v the pools when paged).

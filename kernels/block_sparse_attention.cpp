@@ -11,6 +11,7 @@
 
 #include "accumulation.h"
 #include "attention_mask.h"
+#include "attention_route.h"
 #include "flash_plan.h"
 #include "row_softmax.h"
 #include "score_modifiers.h"
@@ -316,19 +317,12 @@ AttentionOutput flash_block_attention(const at::Tensor& q, const at::Tensor& k, 
   return result;
 }
 
-// The flash kernel serves CPU calls whose scores have no modifier (the kernel
-// adds only a mask) and whose values have the head dim of the keys.
-bool flash_serves(const at::Tensor& q, const at::Tensor& v, const AttentionSpec& spec) {
-  return q.device().is_cpu() && v.size(3) == q.size(3) && spec.softcap == 0 &&
-         !spec.alibi_slopes.defined() && !spec.bias.defined();
-}
-
 }  // namespace
 
 AttentionOutput block_sparse_attention(const at::Tensor& q, const at::Tensor& k,
                                        const at::Tensor& v, const AttentionSpec& spec,
                                        double scale) {
-  if (q.size(2) == 0 || k.size(2) == 0 || !flash_serves(q, v, spec)) {
+  if (!block_sparse_on_flash(q, k, v, spec)) {
     AttentionOutput r = tile_loop_attention(q, k, v, spec, scale);
     r.kernel_calls = -1;
     return r;

@@ -61,6 +61,28 @@ stage "$keel_golden sanitize: build and test"
 run_suite "every test but 2 run above" release release "$keel_newest" \
   -E '^CommDistributed\.SoakRandomFaults|^examples\.tiny_lm_trains'
 stage "$keel_newest release: build and test"
+# Another CPU's code paths: the conformance suites again with libtorch's
+# kernels, MKL and oneDNN held to AVX2 (what an AMD CPU runs in MKL) and to
+# no vector extension beyond SSE4 (ATen's "default"). Every numeric bound
+# must hold under each (docs/hardening.md).
+for isa in avx2 default; do
+  (
+    export ATEN_CPU_CAPABILITY=$isa
+    if [ "$isa" = avx2 ]; then
+      export MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
+    else
+      export MKL_ENABLE_INSTRUCTIONS=SSE4_2 ONEDNN_MAX_CPU_ISA=SSE41
+    fi
+    log=$(mktemp)
+    status=0
+    ctest --preset release -L conformance 2>&1 | tee "$log" || status=$?
+    echo "$(printf '%-8s %-9s %-28s %s' "$keel_newest" "$isa" "conformance, CPU paths $isa" "$(keel_ctest_totals "$log")")" > build/cpu-paths-$isa.txt
+    rm -f "$log"
+    exit $status
+  )
+  summary+=("$(cat build/cpu-paths-$isa.txt)")
+  stage "$keel_newest conformance under $isa"
+done
 for r in "${keel_ci_extra[@]}"; do
   run_suite "conformance, gloo, package" release conformance "$r"
   stage "$r conformance: build and test"

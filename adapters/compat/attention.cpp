@@ -74,11 +74,22 @@ internal::AttentionResult compat_attention_route(const internal::AttentionCall& 
   // Every route allocates on q's device: make it the current one (a no-op on
   // the CPU), as ATen's own ops do.
   const at::OptionalDeviceGuard device(at::device_of(call.q));
-  if (call.paged == nullptr) return contiguous_route(call);
+  // Every input in the layout the kernels read (kernels::kernel_layout). A
+  // paged cache's pools are read where they lie, at any strides: a copy
+  // would cost the whole pool on every step.
+  const at::Tensor q = kernels::kernel_layout(call.q);
+  if (call.paged == nullptr) {
+    const at::Tensor k = kernels::kernel_layout(call.k);
+    const at::Tensor v = kernels::kernel_layout(call.v);
+    return contiguous_route({q, k, v, call.spec, call.scale});
+  }
+  const internal::AttentionCall laid_out{q, call.k, call.v, call.spec, call.scale, call.paged};
   const kernels::KernelChoice choice = kernels::attention_kernel(
-      call.q, call.paged->k_pages, call.paged->v_pages, call.spec, /*paged=*/true);
-  if (choice.kernel == kernels::AttentionKernel::gathered_paged) return gathered_paged_route(call);
-  kernels::AttentionOutput d = kernels::paged_attention(call.q, *call.paged, call.spec, call.scale);
+      q, call.paged->k_pages, call.paged->v_pages, call.spec, /*paged=*/true);
+  if (choice.kernel == kernels::AttentionKernel::gathered_paged) {
+    return gathered_paged_route(laid_out);
+  }
+  kernels::AttentionOutput d = kernels::paged_attention(q, *call.paged, call.spec, call.scale);
   internal::AttentionResult r;
   r.out = std::move(d.out);
   if (call.spec.return_lse) r.lse = std::move(d.lse);
@@ -135,21 +146,30 @@ internal::Capability attention_capability() {
       "attention",
       {"causal (top-left, bottom-right)", "sliding window", "chunked causal", "prefix-LM",
        "document ids", "key padding", "block mask", "boolean mask", "and/or composition", "scale",
-       "softcap", "ALiBi", "bias", "GQA/MQA", "decode (Lq <= 16) and chunked prefill",
+       "softcap", "ALiBi", "bias", "GQA/MQA",
+       absl::StrCat("decode (Lq <= ", kernels::kDecodeMaxQueries, ") and chunked prefill"),
        "paged KV cache (inference)", "log-sum-exp", "autograd"},
-      "kernels::paged_attention for a paged cache on the CPU (pages read in place through a "
-      "bounded tile; gathered per sequence on other devices); "
-      "kernels::decode_attention on the CPU for Lq <= 16 (decode, speculative verification) and "
-      "chunked prefill (Lq < Lk, Lq <= 1024, no score modifier): each kv head read once for its "
-      "query group, only the visible keys of each sequence, no copy of the cache, on "
-      "at::_scaled_dot_product_flash_attention_for_cpu with the group's queries as rows where it "
-      "serves, keel's products otherwise; at::scaled_dot_product_attention for dense calls it "
-      "computes exactly (no mask, causal, a boolean mask without empty rows, a finite bias without "
-      "gradient; no softcap or lse); "
-      "kernels::block_sparse_attention otherwise: blocks of 128 classified from the mask spec, "
-      "one call of at::_scaled_dot_product_flash_attention_for_cpu per contiguous range of "
-      "visible key blocks (batched across query blocks; CPU, no score modifier, Ev == E), "
-      "else a tile loop on plain ATen ops");
+      absl::StrCat(
+          "inputs whose last dimension is strided are copied contiguous first, any other layout "
+          "is read in place; "
+          "kernels::paged_attention for a paged cache on the CPU (pages read in place through a "
+          "bounded tile; gathered per sequence on other devices); "
+          "kernels::decode_attention on the CPU for Lq <= ",
+          kernels::kDecodeMaxQueries,
+          " (decode, speculative verification) and chunked prefill (Lq < Lk, Lq <= ",
+          kernels::kPrefillMaxQueries,
+          ", no score modifier): each kv head read once for its query group, only the visible keys "
+          "of each sequence, no copy of the cache, on "
+          "at::_scaled_dot_product_flash_attention_for_cpu with the group's queries as rows where "
+          "it "
+          "serves, keel's products otherwise; at::scaled_dot_product_attention for dense calls it "
+          "computes exactly (no mask, causal, a boolean mask without empty rows, a finite bias "
+          "without "
+          "gradient; no softcap or lse); "
+          "kernels::block_sparse_attention otherwise: blocks of 128 classified from the mask spec, "
+          "one call of at::_scaled_dot_product_flash_attention_for_cpu per contiguous range of "
+          "visible key blocks (batched across query blocks; CPU, no score modifier, Ev == E), "
+          "else a tile loop on plain ATen ops"));
 }
 
 class CompatAttention final : public internal::AttentionKernel {

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -21,6 +22,8 @@
 #include <gtest/gtest.h>
 
 #include "c_api/dlpack_bridge.h"
+#include "conformance/adapters.h"
+#include "conformance/attention_support.h"
 #include "conformance/c_api_support.h"
 #include "keel/c/keel.hpp"
 #include "keel/keel.h"
@@ -284,6 +287,71 @@ TEST(CApiConformance, LossForwardBackwardEqualsV1Bitwise) {
 }
 
 // An input is read where it lies: the plugin's tensor is the caller's memory.
+struct CLayout {
+  const char* name;
+  std::function<at::Tensor(const at::Tensor&)> lay;  // the same values in another layout
+};
+
+class CApiLayout : public ::testing::TestWithParam<CLayout> {};
+
+// q, k and v in each layout a DLPack caller may pass, on the decode route
+// (Lq = 3 and 6, 8 query heads over 1 and 2 kv heads) and on a dense call
+// (Lq = Lk = 24): the C ABI's output is the float64 reference's within the
+// suites' rule (keel/v1/attention.h's layout policy: read in place, or
+// copied where the last dim is strided).
+TEST_P(CApiLayout, AttentionMatchesTheFloat64Reference) {
+  const CLayout& c = GetParam();
+  const std::int64_t shapes[][3] = {{3, 21, 1}, {6, 6, 2}, {24, 24, 2}};  // Lq, Lk, Hkv
+  for (const auto& [lq, lk, hkv] : shapes) {
+    SCOPED_TRACE("Lq " + std::to_string(lq) + ", Lk " + std::to_string(lk));
+    at::manual_seed(testing::kSeed);
+    const attention_suite::Qkv x{c.lay(randn({2, 8, lq, 32}, at::kFloat)),
+                                 c.lay(randn({2, hkv, lk, 32}, at::kFloat)),
+                                 c.lay(randn({2, hkv, lk, 32}, at::kFloat))};
+    AttentionSpec spec;
+    spec.masks.push_back(Mask::causal(CausalAlignment::bottom_right));
+    keel::c::AttentionSpec cspec;
+    cspec.add(keel::c::mask(KEEL_MASK_CAUSAL, KEEL_ALIGN_BOTTOM_RIGHT));
+    CTensor cq = dl(x.q), ck = dl(x.k), cv = dl(x.v);
+    keel::c::Result<keel::c::AttentionResult> got =
+        plugin().attention(cq, ck, cv, cspec.get(), false);
+    ASSERT_TRUE(got) << got.error().message();
+    AttentionOutput out;
+    out.out = from(got.value().out);
+    attention_suite::expect_within_rule(x, spec, out, 1e-6);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, CApiLayout,
+    ::testing::Values(
+        CLayout{"last_dim_stride_2",
+                [](const at::Tensor& t) {
+                  at::Tensor buf = at::zeros({t.size(0), t.size(1), t.size(2), t.size(3), 2});
+                  buf.select(-1, 0).copy_(t);
+                  return buf.select(-1, 0);
+                }},
+        CLayout{"last_two_transposed",
+                [](const at::Tensor& t) { return t.transpose(2, 3).contiguous().transpose(2, 3); }},
+        CLayout{"b_l_h_e",
+                [](const at::Tensor& t) { return t.transpose(1, 2).contiguous().transpose(1, 2); }},
+        CLayout{"fused_qkv_slice",
+                [](const at::Tensor& t) {
+                  at::Tensor buf = at::randn({t.size(0), t.size(1), t.size(2), 3 * t.size(3)});
+                  buf.narrow(-1, t.size(3), t.size(3)).copy_(t);
+                  return buf.narrow(-1, t.size(3), t.size(3));
+                }},
+        CLayout{"storage_offset",
+                [](const at::Tensor& t) {
+                  at::Tensor buf = at::randn({t.numel() + 5});
+                  at::Tensor view = buf.narrow(0, 5, t.numel()).view(t.sizes());
+                  view.copy_(t);
+                  return view;
+                }},
+        CLayout{"broadcast_batch",
+                [](const at::Tensor& t) { return t.narrow(0, 0, 1).expand(t.sizes()); }}),
+    [](const ::testing::TestParamInfo<CLayout>& info) { return std::string(info.param.name); });
+
 TEST(CApiConformance, InputsAreReadInPlace) {
   const at::Tensor x = at::arange(24, at::kFloat).view({2, 3, 4}).transpose(1, 2);
   DLManagedTensorVersioned* m = at::toDLPackVersioned(x);

@@ -108,18 +108,16 @@ inline at::Tensor attention_mask(const AttentionSpec& spec, std::int64_t B, std:
   return keep;
 }
 
-// Attention computed in `dtype` (float64 for the reference; the input's own
-// dtype for the "same-precision naive implementation" of the tolerance rule).
-// Differentiable with respect to q, k, v and spec.bias. Returns out and lse.
-inline std::pair<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tensor& k,
-                                                   const at::Tensor& v, const AttentionSpec& spec,
-                                                   at::ScalarType dtype = at::kDouble) {
+// The scores softmax reads, computed in `dtype`: scale * QK^T with every
+// score modifier, -inf where the mask hides a key; kv heads repeated for
+// their query group. [B, Hq, Lq, Lk], differentiable in q, k and spec.bias.
+inline at::Tensor scores(const at::Tensor& q, const at::Tensor& k, const AttentionSpec& spec,
+                         at::ScalarType dtype = at::kDouble) {
   const double inf = std::numeric_limits<double>::infinity();
   const std::int64_t B = q.size(0), H = q.size(1), Lq = q.size(2), Lk = k.size(2);
   const std::int64_t group = H / k.size(1);
   const at::Tensor qd = q.to(dtype);
   const at::Tensor kd = k.to(dtype).repeat_interleave(group, 1);
-  const at::Tensor vd = v.to(dtype).repeat_interleave(group, 1);
   const double scale = spec.scale > 0 ? spec.scale : 1.0 / std::sqrt(double(q.size(3)));
   at::Tensor s = qd.matmul(kd.transpose(2, 3)) * scale;
   if (spec.softcap > 0) s = spec.softcap * (s / spec.softcap).tanh();
@@ -131,7 +129,19 @@ inline std::pair<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at
   }
   if (spec.bias.defined()) s = s + spec.bias.to(dtype);
   const at::Tensor keep = attention_mask(spec, B, H, Lq, Lk).to(q.device());
-  s = s.masked_fill(keep.logical_not(), -inf);
+  return s.masked_fill(keep.logical_not(), -inf);
+}
+
+// Attention computed in `dtype` (float64 for the reference; the input's own
+// dtype for the "same-precision naive implementation" of the tolerance rule).
+// Differentiable with respect to q, k, v and spec.bias. Returns out and lse.
+inline std::pair<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tensor& k,
+                                                   const at::Tensor& v, const AttentionSpec& spec,
+                                                   at::ScalarType dtype = at::kDouble) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::int64_t group = q.size(1) / k.size(1);
+  const at::Tensor vd = v.to(dtype).repeat_interleave(group, 1);
+  const at::Tensor s = scores(q, k, spec, dtype);
   at::Tensor m = s.detach().amax(-1, true);
   m = m.masked_fill(m.isinf(), 0);
   const at::Tensor e = (s - m).exp();

@@ -34,6 +34,15 @@
 /// - Lq = 0 gives an empty output; Lk = 0 makes every row fully masked.
 /// - The result is differentiable through autograd with respect to q, k, v
 ///   and `bias`.
+/// - Layouts: every call takes its tensors at any strides a view can have: a
+///   transposed `[B, L, H, E]` view, a slice of a fused QKV buffer, a storage
+///   offset, a broadcast (stride 0) dimension, a zero-size dimension. keel
+///   reads them in place, except a `q`, `k`, `v` (and packed `q`, `k`, `v`)
+///   whose last dimension is not at stride 1: that one is first copied to a
+///   contiguous tensor (as `at::scaled_dot_product_attention` does), and
+///   gradients reach the caller's view through the copy. A paged cache's
+///   pools are always read in place, at any strides (a pool whose last
+///   dimension is strided is read element by element, never copied).
 #pragma once
 
 #include <cstdint>

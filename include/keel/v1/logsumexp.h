@@ -63,7 +63,9 @@ struct LogsumexpOutput {
 ///
 /// `input` must be a defined floating-point tensor (float16, bfloat16,
 /// float32, float64) with at least one dimension; `options.mask`, when
-/// defined, a bool tensor on the same device broadcastable to it. Errors:
+/// defined, a bool tensor on the same device broadcastable to it. Both may
+/// have any layout a view can have (strided, transposed, offset, expanded),
+/// read as plain ATen ops read it. Errors:
 /// `invalid_argument` for bad arguments, `unsupported` when the requested
 /// adapter cannot serve the call, `backend_error` when libtorch fails.
 KEEL_API result<LogsumexpOutput> logsumexp(const at::Tensor& input,
