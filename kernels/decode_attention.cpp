@@ -27,6 +27,80 @@ namespace {
 
 constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
 
+// One block of queries as the plan hands it to the run: its rows, its
+// visible keys, its route, and for the fused kernel each query's interval.
+struct BlockPlan {
+  std::int64_t q0 = 0;
+  std::int64_t rows = 0;
+  BlockRoute route = BlockRoute::nothing_visible;
+  KeyRange range;
+  std::vector<std::int64_t> lo, hi;
+};
+
+// The plan of sequences [b0, b0 + nb) that see the same keys (FlashInfer's
+// plan/run): every decision that reads the mask spec, made before any block
+// runs. The run reads the spec only through `tile` and `modify`, which the
+// plan binds to these sequences.
+struct SequencePlan {
+  MaskGeometry g;
+  DecodeRoutes routes;
+  std::vector<BlockPlan> blocks;
+  // The mask over queries [q0, q0 + rows) and the int64 positions `keys`:
+  // bool [nb|1, Hq|1, rows, keys].
+  std::function<at::Tensor(std::int64_t q0, std::int64_t rows, const at::Tensor& keys)> tile;
+  // The scores of those queries and keys with the score modifiers applied
+  // (soft-cap, ALiBi, bias); `modifies` says whether there are any.
+  std::function<at::Tensor(at::Tensor s, std::int64_t q0, std::int64_t rows,
+                           const at::Tensor& keys)>
+      modify;
+  bool modifies = false;
+};
+
+// Plans sequences [b0, b0 + nb) of q (q_len queries, group query heads per
+// kv head) against kv_len keys of `k` and `v` under `sb`: the routes open
+// to them, then each block's visible keys and route.
+SequencePlan plan_sequences(const at::Tensor& q, const CacheSide& k, const CacheSide& v,
+                            std::int64_t nb, std::int64_t kv_len, std::int64_t group,
+                            const AttentionSpec& sb) {
+  SequencePlan plan;
+  const std::int64_t q_len = q.size(2);
+  plan.g = MaskGeometry{nb, q.size(1), q_len, kv_len};
+  const MaskGeometry& g = plan.g;
+  plan.routes = decode_routes(q, k.t, v.t, sb, group, k.pages != nullptr);
+  const std::int64_t block_rows = plan.routes.block_rows;
+  BlockClasses classes;
+  const std::vector<DocumentRuns> docs = document_runs(sb, nb);
+  for (std::int64_t q0 = 0; q0 < q_len; q0 += block_rows) {
+    BlockPlan b;
+    b.q0 = q0;
+    b.rows = std::min(block_rows, q_len - q0);
+    std::optional<KeyRange> range = interval_range(sb, g, q0, b.rows, docs);
+    if (!range) {
+      if (!classes.visible.defined()) {
+        classes = classify_blocks(sb, g, at::kCPU, block_rows, kKeyBlock);
+      }
+      range = classified_range(classes, q0 / block_rows, kv_len, kKeyBlock);
+    }
+    b.range = *range;
+    b.route = block_route(plan.routes, nb, b.range, [&] {
+      return row_intervals(sb, g, q0, b.rows, docs, b.range, b.lo, b.hi);
+    });
+    plan.blocks.push_back(std::move(b));
+  }
+  plan.tile = [sb, g](std::int64_t q0, std::int64_t rows, const at::Tensor& keys) {
+    return materialize_tile(sb, g, q0, rows, keys);
+  };
+  plan.modifies = sb.softcap > 0 || sb.alibi_slopes.defined() || sb.bias.defined();
+  plan.modify = [sb, g](at::Tensor s, std::int64_t q0, std::int64_t rows, const at::Tensor& keys) {
+    if (sb.softcap > 0) s = (s / sb.softcap).tanh() * sb.softcap;
+    if (sb.alibi_slopes.defined() || sb.bias.defined()) {
+      s = add_score_modifiers(s, sb, q0, rows, keys, g.q_len, g.kv_len);
+    }
+    return s;
+  };
+  return plan;
+}
+
 // One call's queries and the state its sequences share.
 class Attend {
  public:
@@ -45,42 +119,27 @@ class Attend {
         scale_(scale) {}
 
   // Sequences [b0, b0 + nb) of q, which see the same keys under `sb`,
-  // against sequences [c0, c0 + nb) of the cache (kv_len keys each), a
-  // block of queries at a time (decode_routes() says how many), each block
-  // on the route block_route() gives it.
+  // against sequences [c0, c0 + nb) of the cache (kv_len keys each): planned
+  // first (plan_sequences), then each block run on the route its plan gives.
   void sequences(std::int64_t b0, std::int64_t nb, const CacheSide& k, const CacheSide& v,
                  std::int64_t c0, std::int64_t kv_len, const AttentionSpec& sb) {
-    const MaskGeometry g{nb, q_heads_, q_len_, kv_len};
-    const DecodeRoutes routes = decode_routes(q_, k.t, v.t, sb, group_, k.pages != nullptr);
-    const std::int64_t block_rows = routes.block_rows;
-    blocks_ = std::max(blocks_, block_count(q_len_, block_rows));
-    BlockClasses classes;
+    const SequencePlan plan = plan_sequences(q_, k, v, nb, kv_len, group_, sb);
+    blocks_ = std::max(blocks_, static_cast<std::int64_t>(plan.blocks.size()));
     std::vector<at::Tensor> outs;
     std::vector<at::Tensor> lses;
-    const std::vector<DocumentRuns> docs = document_runs(sb, nb);
-    for (std::int64_t q0 = 0; q0 < q_len_; q0 += block_rows) {
-      const std::int64_t rows = std::min(block_rows, q_len_ - q0);
-      std::optional<KeyRange> range = interval_range(sb, g, q0, rows, docs);
-      if (!range) {
-        if (!classes.visible.defined()) {
-          classes = classify_blocks(sb, g, at::kCPU, block_rows, kKeyBlock);
-        }
-        range = classified_range(classes, q0 / block_rows, kv_len, kKeyBlock);
-      }
-      std::vector<std::int64_t> lo, hi;
-      switch (block_route(routes, nb, *range,
-                          [&] { return row_intervals(sb, g, q0, rows, docs, *range, lo, hi); })) {
+    for (const BlockPlan& b : plan.blocks) {
+      switch (b.route) {
         case BlockRoute::nothing_visible:
-          nothing_visible(nb, rows, outs, lses);
+          nothing_visible(nb, b.rows, outs, lses);
           break;
         case BlockRoute::fused:
-          fused_block(b0, nb, q0, rows, k, v, c0, lo, hi, outs, lses);
+          fused_block(b0, nb, b.q0, b.rows, k, v, c0, b.lo, b.hi, outs, lses);
           break;
         case BlockRoute::flash:
-          flash_block(b0, nb, q0, rows, k.t, v.t, c0, g, *range, sb, outs, lses);
+          flash_block(b0, nb, b, k.t, v.t, c0, plan, outs, lses);
           break;
         case BlockRoute::products:
-          block(b0, nb, q0, rows, k, v, c0, g, *range, sb, outs, lses);
+          block(b0, nb, b, k, v, c0, plan, outs, lses);
           break;
       }
     }
@@ -141,10 +200,12 @@ class Attend {
     lses.push_back(std::move(lse));
   }
 
-  void block(std::int64_t b0, std::int64_t nb, std::int64_t q0, std::int64_t rows,
-             const CacheSide& k, const CacheSide& v, std::int64_t c0, const MaskGeometry& g,
-             const KeyRange& range, const AttentionSpec& sb, std::vector<at::Tensor>& outs,
-             std::vector<at::Tensor>& lses) {
+  void block(std::int64_t b0, std::int64_t nb, const BlockPlan& b, const CacheSide& k,
+             const CacheSide& v, std::int64_t c0, const SequencePlan& plan,
+             std::vector<at::Tensor>& outs, std::vector<at::Tensor>& lses) {
+    const std::int64_t q0 = b.q0;
+    const std::int64_t rows = b.rows;
+    const KeyRange& range = b.range;
     const std::int64_t len = range.hi - range.lo;
     read_ += static_cast<double>(nb * len);
     // For keel's products the scale is folded into q (once per call, and
@@ -154,13 +215,10 @@ class Attend {
     const at::Tensor qg = group_rows(qs_, b0, nb, q0, rows);
     at::Tensor s = cache_matmul(qg, k, c0, nb, range.lo, len, /*keys_are_columns=*/true, acc_)
                        .view({nb, q_heads_, rows, len});
-    if (sb.softcap > 0) s = (s / sb.softcap).tanh() * sb.softcap;
-    if (sb.alibi_slopes.defined() || sb.bias.defined() || !range.full) {
+    if (plan.modifies || !range.full) {
       const at::Tensor keys = at::arange(range.lo, range.hi, q_.options().dtype(at::kLong));
-      s = add_score_modifiers(s, sb, q0, rows, keys, g.q_len, g.kv_len);
-      if (!range.full) {
-        s = s.masked_fill(materialize_tile(sb, g, q0, rows, keys).logical_not(), kMinusInf);
-      }
+      if (plan.modifies) s = plan.modify(s, q0, rows, keys);
+      if (!range.full) s = s.masked_fill(plan.tile(q0, rows, keys).logical_not(), kMinusInf);
     }
     const RowSoftmax p = row_softmax(s);
     const at::Tensor w = p.weights_unnormalised.reshape({nb, kv_heads_, group_ * rows, len});
@@ -188,15 +246,17 @@ class Attend {
   // prefill masks its diagonal, not the whole cache. The merge needs the
   // pieces' lse on the graph, which libtorch's derivative drops: with
   // autograd on, the range stays one masked call.
-  void flash_block(std::int64_t b0, std::int64_t nb, std::int64_t q0, std::int64_t rows,
-                   const at::Tensor& k, const at::Tensor& v, std::int64_t c0, const MaskGeometry& g,
-                   const KeyRange& range, const AttentionSpec& sb, std::vector<at::Tensor>& outs,
-                   std::vector<at::Tensor>& lses) {
+  void flash_block(std::int64_t b0, std::int64_t nb, const BlockPlan& b, const at::Tensor& k,
+                   const at::Tensor& v, std::int64_t c0, const SequencePlan& plan,
+                   std::vector<at::Tensor>& outs, std::vector<at::Tensor>& lses) {
+    const std::int64_t q0 = b.q0;
+    const std::int64_t rows = b.rows;
+    const KeyRange& range = b.range;
     read_ += static_cast<double>(nb * (range.hi - range.lo));
     const bool grad = at::GradMode::is_enabled() &&
                       (q_.requires_grad() || k.requires_grad() || v.requires_grad());
     if (!flash_splits(q_len_, range, grad)) {
-      auto [o, l] = flash_piece(b0, nb, q0, rows, k, v, c0, g, range.lo, range.hi, !range.full, sb);
+      auto [o, l] = flash_piece(b0, nb, q0, rows, k, v, c0, range.lo, range.hi, !range.full, plan);
       outs.push_back(std::move(o));
       lses.push_back(std::move(l));
       return;
@@ -204,13 +264,13 @@ class Attend {
     std::vector<std::pair<at::Tensor, at::Tensor>> pieces;
     if (range.lo < range.inner_lo) {
       pieces.push_back(
-          flash_piece(b0, nb, q0, rows, k, v, c0, g, range.lo, range.inner_lo, true, sb));
+          flash_piece(b0, nb, q0, rows, k, v, c0, range.lo, range.inner_lo, true, plan));
     }
     pieces.push_back(
-        flash_piece(b0, nb, q0, rows, k, v, c0, g, range.inner_lo, range.inner_hi, false, sb));
+        flash_piece(b0, nb, q0, rows, k, v, c0, range.inner_lo, range.inner_hi, false, plan));
     if (range.inner_hi < range.hi) {
       pieces.push_back(
-          flash_piece(b0, nb, q0, rows, k, v, c0, g, range.inner_hi, range.hi, true, sb));
+          flash_piece(b0, nb, q0, rows, k, v, c0, range.inner_hi, range.hi, true, plan));
     }
     std::vector<at::Tensor> ls;
     ls.reserve(pieces.size());
@@ -235,9 +295,8 @@ class Attend {
   std::pair<at::Tensor, at::Tensor> flash_piece(std::int64_t b0, std::int64_t nb, std::int64_t q0,
                                                 std::int64_t rows, const at::Tensor& k,
                                                 const at::Tensor& v, std::int64_t c0,
-                                                const MaskGeometry& g, std::int64_t lo,
-                                                std::int64_t hi, bool masked,
-                                                const AttentionSpec& sb) const {
+                                                std::int64_t lo, std::int64_t hi, bool masked,
+                                                const SequencePlan& plan) const {
     const std::int64_t len = hi - lo;
     // The group's queries as the rows of their kv head (one product reads
     // each key once for the group), or the kernel's own grouped-query layout
@@ -251,7 +310,7 @@ class Attend {
     at::Tensor nonempty;
     if (masked) {
       const at::Tensor keys = at::arange(lo, hi, q_.options().dtype(at::kLong));
-      at::Tensor keep = materialize_tile(sb, g, q0, rows, keys);  // [nb|1, Hq|1, rows, len]
+      at::Tensor keep = plan.tile(q0, rows, keys);  // [nb|1, Hq|1, rows, len]
       const std::int64_t mb = keep.size(0);
       if (!heads_layout) {
         keep = keep.size(1) == 1 ? keep.unsqueeze(1)

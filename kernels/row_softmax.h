@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include <ATen/ATen.h>
 
@@ -23,8 +24,17 @@ struct RowSoftmax {
 inline RowSoftmax row_softmax(const at::Tensor& s, std::int64_t dim = -1) {
   // The shift by the row maximum keeps exp() from overflowing and carries
   // no gradient; a row with no finite maximum (all -inf, or +inf) is shifted
-  // by 0, not by +-inf (which gives NaN).
-  at::Tensor shift = std::get<0>(s.detach().max(dim, /*keepdim=*/true));
+  // by 0, not by +-inf (which gives NaN). A reduction over an empty `dim`
+  // is a row of no entries: shift 0, lse -inf (libtorch 2.9's max()
+  // refuses an empty reduction; the layout suite found it).
+  at::Tensor shift;
+  if (s.size(dim) == 0) {
+    std::vector<std::int64_t> sizes = s.sizes().vec();
+    sizes[static_cast<std::size_t>(at::maybe_wrap_dim(dim, s.dim()))] = 1;
+    shift = at::zeros(sizes, s.options());
+  } else {
+    shift = std::get<0>(s.detach().max(dim, /*keepdim=*/true));
+  }
   shift = at::where(shift.isfinite(), shift, at::zeros_like(shift));
   const at::Tensor e = (s - shift).exp();
   const at::Tensor sum = e.sum(dim, /*keepdim=*/true);

@@ -1,8 +1,6 @@
 #include "suite/rank_workers.h"
 
-#include <fcntl.h>
 #include <netinet/in.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +13,7 @@
 #include <iostream>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
@@ -23,8 +22,7 @@
 #include "engine/peak_memory.h"
 #include "engine/safetensors.h"
 #include "keel/v1/comm.h"
-
-extern char** environ;
+#include "process.h"
 
 namespace keel::harness {
 namespace {
@@ -122,20 +120,14 @@ void kill_all(std::vector<Worker>& workers) {
 }
 
 result<void> spawn(Worker& w, const std::string& exe, std::vector<std::string> args) {
-  std::vector<char*> argv;
-  argv.reserve(args.size() + 1);
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, w.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  const int spawned = posix_spawn(&w.pid, exe.c_str(), &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (spawned == 0) return success();
-  w.pid = -1;
+  tooling::SpawnOptions logged;
+  logged.stdout_path = w.log;
+  logged.stderr_to_stdout = true;
+  const tooling::Spawned spawned = tooling::spawn(exe, std::move(args), logged);
+  w.pid = spawned.pid;
+  if (spawned) return success();
   return Error(Errc::io_error,
-               absl::StrCat("cannot start worker '", exe, "': ", std::strerror(spawned)));
+               absl::StrCat("cannot start worker '", exe, "': ", std::strerror(spawned.error)));
 }
 
 // Waits for every rank, bounded. A rank that fails leaves its peers

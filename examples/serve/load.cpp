@@ -13,8 +13,6 @@
 // Bounded in count (requests per cell) and time (--time-limit over the
 // whole run; a cell past it sends nothing more). Exit status 0 when every
 // request of every cell completed and every server returned all its pages.
-#include <fcntl.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,12 +31,13 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
-extern char** environ;
+#include "process.h"
 
 namespace {
 
@@ -179,16 +178,11 @@ class Server {
                                      std::to_string(clients),
                                      "--threads",
                                      std::to_string(o.threads)};
-    std::vector<char*> argv;
-    argv.reserve(args.size() + 1);
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
-    const int rc = posix_spawn(&pid_, o.server.c_str(), &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    if (rc != 0) throw std::runtime_error("cannot start " + o.server);
+    keel::tooling::SpawnOptions quiet;
+    quiet.stdout_path = "/dev/null";
+    const keel::tooling::Spawned server = keel::tooling::spawn(o.server, std::move(args), quiet);
+    if (!server) throw std::runtime_error("cannot start " + o.server);
+    pid_ = server.pid;
     const auto deadline = Clock::now() + std::chrono::seconds(60);
     while (port_ == 0) {
       std::ifstream f(port_file_);

@@ -29,7 +29,6 @@
 // the comparison failed, the loss did not fall below the unigram entropy,
 // or the KV-cache decode disagreed with a full forward; 2 for a usage or
 // setup error.
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -47,6 +46,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -55,8 +55,7 @@
 #include <keel/keel.h>
 
 #include "model.h"
-
-extern char** environ;
+#include "process.h"
 
 namespace {
 
@@ -536,17 +535,13 @@ int launch(const Config& cfg, char** argv, int argc) {
   for (int r = 0; r < cfg.ranks; ++r) {
     std::vector<std::string> args(argv, argv + argc);
     args.insert(args.end(), {"--rank", std::to_string(r), "--store", store});
-    std::vector<char*> cargs;
-    cargs.reserve(args.size() + 1);
-    for (std::string& a : args) cargs.push_back(a.data());
-    cargs.push_back(nullptr);
-    pid_t pid = 0;
-    if (::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, cargs.data(), environ) != 0) {
-      std::perror("tiny_lm: posix_spawn");
+    const keel::tooling::Spawned rank = keel::tooling::spawn("/proc/self/exe", std::move(args));
+    if (!rank) {
+      std::fprintf(stderr, "tiny_lm: cannot start rank %d: %s\n", r, std::strerror(rank.error));
       for (pid_t p : pids) ::kill(p, SIGKILL);
       return 2;
     }
-    pids.push_back(pid);
+    pids.push_back(rank.pid);
   }
   // Bounded: a rank that hangs is killed, and the run fails.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(20);

@@ -7,7 +7,6 @@
 //   keel_comm_bench [--ranks N] [--rounds R]
 //
 // Bus bandwidth is nccl-tests' definition: S / t * 2 (n - 1) / n.
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +16,7 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -27,8 +27,7 @@
 #include "../distributed/loopback.h"
 #include "gloo_contenders.h"
 #include "keel/v1/comm.h"
-
-extern char** environ;
+#include "process.h"
 
 namespace {
 
@@ -167,15 +166,12 @@ int main(int argc, char** argv) {
     std::vector<std::string> args{"/proc/self/exe",       "--ranks", std::to_string(n), "--rounds",
                                   std::to_string(rounds), "--rank",  std::to_string(r), "--port",
                                   std::to_string(port)};
-    std::vector<char*> argv_r;
-    for (auto& a : args) argv_r.push_back(a.data());
-    argv_r.push_back(nullptr);
-    pid_t pid = -1;
-    if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv_r.data(), environ) != 0) {
+    const keel::tooling::Spawned rank = keel::tooling::spawn("/proc/self/exe", std::move(args));
+    if (!rank) {
       std::fprintf(stderr, "keel_comm_bench: cannot spawn rank %d\n", r);
       return 1;
     }
-    pids.push_back(pid);
+    pids.push_back(rank.pid);
   }
   const auto deadline = Clock::now() + std::chrono::minutes(15);
   int failed = 0;

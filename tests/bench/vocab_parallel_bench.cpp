@@ -14,7 +14,6 @@
 // and the peak c10 memory of one step each (peak_tracker.h): the sharded
 // step holds its weight shard's gradient and the [N, D] hidden gradient,
 // and a block of V / world classes.
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,6 +25,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -35,8 +35,7 @@
 
 #include "../distributed/loopback.h"
 #include "peak_tracker.h"
-
-extern char** environ;
+#include "process.h"
 
 namespace {
 
@@ -78,15 +77,12 @@ int launch(const Args& a, const char* self) {
                                   "--port=" + port,
                                   "--rounds=" + std::to_string(a.rounds),
                                   "--size=" + a.size};
-    std::vector<char*> argv;
-    for (auto& s : args) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    pid_t pid = -1;
-    if (posix_spawn(&pid, self, nullptr, nullptr, argv.data(), environ) != 0) {
+    const keel::tooling::Spawned rank = keel::tooling::spawn(self, std::move(args));
+    if (!rank) {
       std::fprintf(stderr, "keel_vocab_parallel_bench: cannot spawn rank %d\n", r);
       return 1;
     }
-    pids.push_back(pid);
+    pids.push_back(rank.pid);
   }
   int status = 0;
   for (pid_t pid : pids) {

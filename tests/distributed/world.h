@@ -3,9 +3,7 @@
 // ranks still running when the world goes out of scope are killed.
 #pragma once
 
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,30 +16,25 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "loopback.h"
-
-extern char** environ;
+#include "process.h"
 
 namespace keel::testing {
 
 // Starts `args` (argv[0] looked up on PATH) with stdout and stderr into
 // `log`; the child's pid, or -1 when it could not start.
 inline pid_t spawn_logged(std::vector<std::string> args, const std::string& log) {
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  pid_t pid = -1;
-  if (posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid = -1;
-  posix_spawn_file_actions_destroy(&actions);
-  return pid;
+  tooling::SpawnOptions logged;
+  logged.stdout_path = log;
+  logged.stderr_to_stdout = true;
+  logged.search_path = true;
+  const std::string program = args.at(0);
+  return tooling::spawn(program, std::move(args), logged).pid;
 }
 
 using Clock = std::chrono::steady_clock;

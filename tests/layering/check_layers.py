@@ -1,55 +1,49 @@
 #!/usr/bin/env python3
 """Proves the layers are build facts (docs/architecture.md, rule 6).
 
-For each layer, takes the include paths of one of its own sources from
+The layers are the build's (BUILD_DIR/layers.json, written from each
+folder's keel_layer() declaration); this file holds only the probes. For
+each layer, takes the include paths of its first source from
 compile_commands.json and preprocesses a one-line file per include: every
 include the layer has no right to must fail with "No such file", and one it
-has a right to must succeed (so the check itself can fail).
+has a right to must succeed (so the check itself can fail). A layer of the
+build without probes here fails, so a new layer cannot go unchecked.
 
 usage: check_layers.py BUILD_DIR/compile_commands.json CXX
 """
 import json
+import os
 import shlex
 import subprocess
 import sys
 
-# layer: (one of its sources, forbidden includes, permitted includes)
-# The native adapter is built on 2.13 and later only.
-OPTIONAL = {"keel_adapter_native"}
-LAYERS = {
-    "keel_kernels": ("kernels/decode_attention.cpp",
-                     ["dispatch/attention.h", "guard.h", "validate.h", "c10d_engine.h",
+# layer: (forbidden includes, permitted includes)
+PROBES = {
+    "keel_kernels": (["dispatch/attention.h", "guard.h", "validate.h", "c10d_engine.h",
                       "comm/liveness.h"],
                      ["attention_mask.h"]),
-    "keel_adapter_c10d": ("adapters/c10d/c10d_engine.cpp",
-                          ["comm/liveness.h", "dispatcher.h", "attention_mask.h",
+    "keel_adapter_c10d": (["comm/liveness.h", "dispatcher.h", "attention_mask.h",
                            "compat/compat_adapter.h", "c10d_backends.h"],
                           ["dispatch/comm.h", "c10d/c10d_backends.h"]),
-    "keel_adapter_compat": ("adapters/compat/comm.cpp",
-                            ["comm/liveness.h", "dispatcher.h", "guard.h", "validate.h",
+    "keel_adapter_compat": (["comm/liveness.h", "dispatcher.h", "guard.h", "validate.h",
                              "native/native_adapter.h", "comm.h"],
                             ["dispatch/comm.h", "masked_logsumexp.h", "c10d/c10d_backends.h",
                              "compat/comm.h"]),
-    "keel_adapter_native": ("adapters/native/native_adapter.cpp",
-                            ["comm/liveness.h", "dispatcher.h", "compat/compat_adapter.h",
+    "keel_adapter_native": (["comm/liveness.h", "dispatcher.h", "compat/compat_adapter.h",
                              "attention.h"],
                             ["dispatch/comm.h", "accumulation.h", "c10d/c10d_engine.h",
                              "native/attention.h"]),
-    "keel_registry": ("adapters/registry.cpp",
-                      ["comm/liveness.h", "masked_logsumexp.h", "c10d/c10d_backends.h"],
+    "keel_registry": (["comm/liveness.h", "masked_logsumexp.h", "c10d/c10d_backends.h"],
                       ["compat/compat_adapter.h", "native/native_adapter.h"]),
-    "keel_core": ("src/logsumexp.cpp",
-                  ["masked_logsumexp.h", "attention_mask.h", "accumulation.h", "flash_plan.h",
+    "keel_core": (["masked_logsumexp.h", "attention_mask.h", "accumulation.h", "flash_plan.h",
                    "c10d_backends.h", "compat/compat_adapter.h", "golden.h", "engine/golden.h",
                    "suite/suite.h"],
                   ["dispatch/comm.h", "dispatch/capability.h", "keel/v1/dtype.h",
                    "comm/liveness.h"]),
-    "keel_compat_engine": ("compat/engine/golden.cpp",
-                           ["suite/suite.h", "suite.h", "record_compare.h", "validate.h",
+    "keel_compat_engine": (["suite/suite.h", "suite.h", "record_compare.h", "validate.h",
                             "dispatcher.h", "dispatch/capability.h", "attention_mask.h"],
                            ["safetensors.h", "keel/v1/compat.h"]),
-    "keel_compat_suite": ("compat/suite/suite.cpp",
-                          ["validate.h", "dispatcher.h", "dispatch/capability.h",
+    "keel_compat_suite": (["validate.h", "dispatcher.h", "dispatch/capability.h",
                            "attention_mask.h", "c10d_backends.h", "golden.h"],
                           ["engine/golden.h", "suite/rank_workers.h"]),
 }
@@ -80,12 +74,16 @@ def main():
     compile_commands, cxx = sys.argv[1], sys.argv[2]
     with open(compile_commands) as f:
         entries = json.load(f)
-    failures = []
-    for layer, (source, forbidden, permitted) in LAYERS.items():
-        match = [e for e in entries if e["file"].endswith("/" + source)]
-        if not match and layer in OPTIONAL:
+    with open(os.path.join(os.path.dirname(compile_commands), "layers.json")) as f:
+        layers = {row["name"]: row for row in json.load(f)["layers"]}
+    failures = [f"{layer}: a layer of this build with no probes in {__file__}"
+                for layer in layers if layer not in PROBES]
+    for layer, (forbidden, permitted) in PROBES.items():
+        if layer not in layers:
             print(f"{layer}: not in this build")
             continue
+        source = layers[layer]["sources"][0]
+        match = [e for e in entries if e["file"].endswith("/" + source)]
         if not match:
             failures.append(f"{layer}: {source} is not in {compile_commands}")
             continue

@@ -36,11 +36,18 @@
 ///   crash.
 ///
 /// Tensors cross as DLPack 1.x `DLManagedTensorVersioned`:
-/// - **Inputs are borrowed.** The plugin reads them in place (no copy) for
-///   the duration of the call and never calls their deleter; the caller keeps
-///   them alive until the call returns. keel never writes an input, so an
-///   input flagged `DLPACK_FLAG_BITMASK_READ_ONLY` is fine anywhere. An input
-///   of another DLPack major version is `KEEL_ERRC_INVALID_ARGUMENT`.
+/// - **Inputs are borrowed.** The plugin reads them in place (no copy but the
+///   one "Any layout" names) for the duration of the call and never calls
+///   their deleter; the caller keeps them alive until the call returns. keel
+///   never writes an input, so an input flagged
+///   `DLPACK_FLAG_BITMASK_READ_ONLY` is fine anywhere. An input of another
+///   DLPack major version is `KEEL_ERRC_INVALID_ARGUMENT`.
+/// - **Any layout.** An input may have any non-negative `strides` (NULL for
+///   compact row-major), a `byte_offset`, stride 0 for a broadcast
+///   dimension, or a zero-size dimension: the plugin reads it as keel::v1
+///   does (`keel/v1/attention.h`, "Layouts": an attention input whose last
+///   dimension is strided is copied for the call, every other layout is read
+///   in place). A negative stride is `KEEL_ERRC_INVALID_ARGUMENT`.
 /// - **Outputs are owned by the caller.** Each output is a new
 ///   `DLManagedTensorVersioned*` allocated by the plugin (its memory is
 ///   libtorch's, never an alias of an input); free it with
