@@ -128,6 +128,24 @@ for r in "${keel_ci_extra[@]}"; do
     "$(keel_compare_line "$json")")")
 done
 stage "tiny_lm across releases"
+# SmolLM2-135M-Instruct (examples/models) across releases: its last-position
+# logits and 32 greedy tokens for three prompts, recorded on the golden
+# release and replayed on every other release CI built (tokens exact, logits
+# within 1e-3; tests/models compares the same model with transformers).
+smol=build/upgrade-check/smollm2-$keel_golden.safetensors
+(
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:suppressions=$PWD/tests/sanitizers/asan.supp
+  export LSAN_OPTIONS=suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressions=0
+  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=$PWD/tests/sanitizers/ubsan.supp
+  "$(build_dir "$keel_golden" sanitize)/keel-generate" --record "$smol"
+)
+for r in "${keel_ci_extra[@]}" "$keel_newest"; do
+  json=build/upgrade-check/smollm2-$r.json
+  "$(build_dir "$r" release)/keel-generate" --compare "$smol" --json "$json" | tee "$json.txt"
+  summary+=("$(printf '%-8s %-9s %-28s %s' "$r" model "SmolLM2 recorded on $keel_golden" \
+    "$(keel_compare_line "$json")")")
+done
+stage "SmolLM2 across releases"
 # One service binary for every release (docs/c-api.md): the C consumer, built
 # once in the golden release's build with no libtorch header in sight, runs
 # unchanged on each release's plugin; it records on the golden release and

@@ -3,8 +3,11 @@
 # keel on each release named, records the canonical suite on the --from
 # release, replays it on every --to release with each adapter that release
 # has, trains the tiny language model (examples/tiny_lm) on every release
-# and replays the --from release's training record on the others, serves
-# each release's model under load (examples/serve), and
+# and replays the --from release's training record on the others, runs
+# SmolLM2-135M-Instruct (examples/models) on every release (its greedy texts
+# and logits recorded on --from and judged on the others, its prefill and
+# decode speed and peak memory), serves each release's tiny model under load
+# (examples/serve), and
 # prints one summary row per pair and the path of the report's front page
 # (build/upgrade-report/index.html: self-contained, readable offline).
 #
@@ -46,7 +49,8 @@ mapfile -t all < <(printf '%s\n' "$from" "${to[@]}" | awk '!seen[$0]++')
 scripts/fetch-deps.sh "${all[@]}"
 for r in "${all[@]}"; do
   KEEL_TORCH_RELEASE=$r cmake --preset release >/dev/null
-  cmake --build "build/torch-$r" --target keel-info keel-compat tiny_lm keel-serve keel-serve-load
+  cmake --build "build/torch-$r" --target keel-info keel-compat tiny_lm keel-serve keel-serve-load \
+    keel-generate
 done
 
 out=build/upgrade-report
@@ -105,6 +109,41 @@ for r in "${to[@]}"; do
     --save-weights "$out/tiny_lm-weights-$r.pt" || status=1
   index_args+=(--tiny-lm "$out/tiny_lm-curve-$r.json" --compare "$out/tiny_lm-$from-to-$r.json")
 done
+# SmolLM2-135M-Instruct from its published weights (examples/models): its
+# greedy texts and last-position logits recorded on --from and judged on each
+# --to release (texts identical, logits within 1e-3), and each release's
+# speed and peak memory in float32 and bfloat16.
+echo
+echo "keel: ===== SmolLM2-135M-Instruct: recorded on $from ====="
+smol=$out/smollm2-$from.safetensors
+"build/torch-$from/keel-generate" --record "$smol" --texts "$out/smollm2-texts-$from.json"
+index_args+=(--smollm2-texts "$out/smollm2-texts-$from.json")
+for r in "${to[@]}"; do
+  echo
+  echo "keel: ===== SmolLM2-135M-Instruct on $r, judged against $from ====="
+  "build/torch-$r/keel-generate" --compare "$smol" --json "$out/smollm2-$from-to-$r.json" \
+    --texts "$out/smollm2-texts-$r.json" || status=1
+  index_args+=(--smollm2-texts "$out/smollm2-texts-$r.json"
+               --smollm2-compare "$out/smollm2-$from-to-$r.json")
+  rows+=("$(python3 - "$out/smollm2-$from-to-$r.json" "$from" "$r" <<'PY'
+import json, sys
+path, a, b = sys.argv[1:]
+cases = json.load(open(path))["cases"]
+count = lambda s: sum(c["status"] == s for c in cases)
+bad = len(cases) - count("pass") - count("skipped")
+print(f"{a:>7} -> {b:<7} {'smollm2':<7} {len(cases):>5} {count('pass'):>5} {count('skipped'):>7} {bad:>5}"
+      f" {'-':>7}   {path}")
+PY
+)")
+done
+for r in "${all[@]}"; do
+  for dtype in float32 bfloat16; do
+    echo "keel: ===== SmolLM2-135M-Instruct on $r, $dtype: speed and memory ====="
+    "build/torch-$r/keel-generate" --bench --dtype "$dtype" --json "$out/smollm2-bench-$r-$dtype.json" ||
+      status=1
+    index_args+=(--smollm2-bench "$out/smollm2-bench-$r-$dtype.json")
+  done
+done
 # The model each release trained, served on that release under load
 # (docs/serving.md): throughput and latency per release beside the curves.
 for r in "${all[@]}"; do
@@ -122,5 +161,5 @@ echo
 echo "keel: upgrade report, one row per pair (cases recorded on $from; skipped: the adapter declines the case, with its reason in the report; served: cases the adapter ran itself)"
 printf '%7s    %-7s %-7s %5s %5s %7s %5s %7s   %s\n' from to adapter cases pass skipped fail served report
 printf '%s\n' "${rows[@]}"
-echo "keel: the report's front page, with the tiny model's curves: $out/index.html"
+echo "keel: the report's front page, with SmolLM2's texts per release and the tiny model's curves: $out/index.html"
 exit $status

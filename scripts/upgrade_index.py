@@ -10,6 +10,9 @@ peak memory and what it generated.
       [--tiny-lm curve.json]...      tiny_lm --curve files, one per release
       [--compare tiny_lm.json]...    tiny_lm --compare --json reports
       [--serve load.json]...         keel-serve-load --json runs, one per release
+      [--smollm2-texts texts.json]...    keel-generate --texts files, one per release
+      [--smollm2-compare compare.json]... keel-generate --compare --json reports
+      [--smollm2-bench bench.json]...    keel-generate --bench --json runs
 """
 import argparse
 import html
@@ -90,6 +93,9 @@ def main():
     p.add_argument("--tiny-lm", action="append", default=[])
     p.add_argument("--compare", action="append", default=[])
     p.add_argument("--serve", action="append", default=[])
+    p.add_argument("--smollm2-texts", action="append", default=[])
+    p.add_argument("--smollm2-compare", action="append", default=[])
+    p.add_argument("--smollm2-bench", action="append", default=[])
     a = p.parse_args()
 
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(a.title)}</title>"
@@ -103,6 +109,55 @@ def main():
                      "<th>replayed on</th><th>adapter</th><th>cases</th><th>pass</th>"
                      "<th>skipped</th><th>fail</th><th>report</th></tr>")
         parts += suite_rows(a.suite)
+        parts.append("</table>")
+    if a.smollm2_texts:
+        runs = [json.load(open(path)) for path in a.smollm2_texts]
+        names = sorted(runs[0]["texts"])
+        parts.append("<h2>SmolLM2-135M-Instruct on each release</h2><p>examples/models: the "
+                     "published GGUF weights dequantized to float32, keel's tokenizer and its "
+                     "Llama decoder (packed prefill, paged decode); 32 greedy tokens per prompt. "
+                     "tests/models checks the same model against transformers.</p>"
+                     "<table><tr><th>torch</th>" + "".join(f"<th>{esc(n)}</th>" for n in names) +
+                     "</tr>")
+        for r in runs:
+            same = all(r["texts"].get(n) == runs[0]["texts"][n] for n in names)
+            parts.append(f"<tr class='{'pass' if same else 'fail'}'><td>{esc(r['torch'])}</td>" +
+                         "".join(f"<td><pre>{esc(r['texts'].get(n, 'missing'))}</pre></td>"
+                                 for n in names) + "</tr>")
+        parts.append("</table>")
+        if all(r["texts"] == runs[0]["texts"] for r in runs):
+            parts.append(f"<p>Every release generated the same texts ({len(runs)} releases).</p>")
+        else:
+            parts.append("<p><b>The texts differ between releases</b> (rows marked).</p>")
+    if a.smollm2_compare:
+        parts.append("<h3>Its logits and tokens replayed (keel::compat)</h3><table><tr>"
+                     "<th>recorded on</th><th>replayed on</th><th>case</th><th>status</th>"
+                     "<th>output: max |diff| / atol</th></tr>")
+        for path in a.smollm2_compare:
+            report = json.load(open(path))
+            for c in report["cases"]:
+                outputs = "<br>".join(
+                    f"{esc(o['name'])}: {o['max_abs']:.3g} / {o['tolerance']['atol']:.3g}"
+                    f"{'' if o['pass'] else ' FAIL'}" for o in c["outputs"])
+                parts.append(f"<tr class='{esc(c['status'])}'><td>"
+                             f"{esc(report['golden'].get('torch_version', '?'))}</td>"
+                             f"<td>{esc(report['now']['torch_version'])}</td><td>{esc(c['id'])}"
+                             f"</td><td>{esc(c['status'])}</td><td>{outputs}</td></tr>")
+        parts.append("</table>")
+    if a.smollm2_bench:
+        parts.append("<h3>Its speed and memory per release (one stream)</h3><table><tr>"
+                     "<th>torch</th><th>dtype</th><th>threads</th><th>prefill 128 tok/s</th>"
+                     "<th>prefill 1024 tok/s</th><th>decode ctx 128 tok/s</th>"
+                     "<th>decode ctx 2048 tok/s</th><th>peak MiB</th></tr>")
+        for path in a.smollm2_bench:
+            b = json.load(open(path))
+            parts.append(f"<tr><td>{esc(b['torch'])}</td><td>{esc(b['dtype'])}</td>"
+                         f"<td>{b['threads']:.0f}</td>"
+                         f"<td>{b['prefill_128_tokens_per_s']:.0f}</td>"
+                         f"<td>{b['prefill_1024_tokens_per_s']:.0f}</td>"
+                         f"<td>{b['decode_ctx128_tokens_per_s']:.1f}</td>"
+                         f"<td>{b['decode_ctx2048_tokens_per_s']:.1f}</td>"
+                         f"<td>{b['peak_rss_mib']:.0f}</td></tr>")
         parts.append("</table>")
     if a.tiny_lm:
         curves = [json.load(open(path)) for path in a.tiny_lm]

@@ -14,7 +14,7 @@ namespace models {
 namespace {
 
 keel::Error bad(const std::string& path, const std::string& what) {
-  return keel::Error(keel::Errc::corrupt_data, path + ": " + what);
+  return {keel::Errc::corrupt_data, path + ": " + what};
 }
 
 }  // namespace
@@ -74,7 +74,7 @@ keel::result<Llama> Llama::load(const std::string& dir, at::ScalarType dtype) {
   LlamaConfig& c = m.config_;
   const std::int64_t d = c.hidden_size, e = c.head_dim;
   auto take = [&](const std::string& name,
-                  std::vector<std::int64_t> shape) -> keel::result<at::Tensor> {
+                  const std::vector<std::int64_t>& shape) -> keel::result<at::Tensor> {
     const auto it = w.find(name);
     if (it == w.end()) return bad(path, "tensor " + name + " is missing");
     if (it->second.sizes().vec() != shape) {
@@ -236,8 +236,11 @@ keel::result<at::Tensor> Llama::step(const std::vector<StepSequence>& sequences,
   for (std::int64_t l = 0; l < c.layers; ++l) {
     const Layer& layer = layers_[static_cast<std::size_t>(l)];
     const at::Tensor qkv = at::linear(rms_norm(x, layer.attn_norm), layer.qkv);
-    const at::Tensor q = apply_rope(qkv.narrow(1, 0, hq).view({t, c.heads, e}), cos, sin);
-    const at::Tensor k = apply_rope(qkv.narrow(1, hq, hkv).view({t, c.kv_heads, e}), cos, sin);
+    // q's and k's heads rotated together, in one pass.
+    const at::Tensor qk =
+        apply_rope(qkv.narrow(1, 0, hq + hkv).view({t, c.heads + c.kv_heads, e}), cos, sin);
+    const at::Tensor q = qk.narrow(1, 0, c.heads);
+    const at::Tensor k = qk.narrow(1, c.heads, c.kv_heads);
     const at::Tensor v = qkv.narrow(1, hq + hkv, hkv).view({t, c.kv_heads, e});
     const auto li = static_cast<std::size_t>(l);
     // The step's keys and values go into their pages first: each
@@ -248,8 +251,11 @@ keel::result<at::Tensor> Llama::step(const std::vector<StepSequence>& sequences,
         keel::attention(keel::PackedQueries{q, cu_t},
                         keel::PagedKVCache{cache.k[li], cache.v[li], page_table, lengths_t}, spec);
     if (!a) return a.error();
-    x = x + at::linear(a.value().out.reshape({t, hq}), layer.o);
-    x = x + mlp(layer, rms_norm(x, layer.ffn_norm));
+    // The residual adds fused into the products (x + a o^T in one call).
+    x = at::addmm(x, a.value().out.reshape({t, hq}), layer.o.t());
+    const at::Tensor gate_up = at::linear(rms_norm(x, layer.ffn_norm), layer.gate_up);
+    const std::int64_t f = c.intermediate_size;
+    x = at::addmm(x, at::silu(gate_up.narrow(1, 0, f)) * gate_up.narrow(1, f, f), layer.down.t());
   }
   return rms_norm(x, norm_);
 }

@@ -10,7 +10,7 @@ namespace models {
 namespace {
 
 keel::Error bad(const std::string& path, const std::string& what) {
-  return keel::Error(keel::Errc::corrupt_data, path + ": " + what);
+  return {keel::Errc::corrupt_data, path + ": " + what};
 }
 
 }  // namespace

@@ -124,7 +124,7 @@ std::vector<char32_t> byte_to_code_point() {
 }
 
 keel::Error bad_file(const std::string& path, const std::string& what) {
-  return keel::Error(keel::Errc::corrupt_data, path + ": " + what);
+  return {keel::Errc::corrupt_data, path + ": " + what};
 }
 
 }  // namespace
@@ -225,7 +225,9 @@ keel::result<Tokenizer> Tokenizer::load(const std::string& path) {
     const auto l = t.by_text_.find(left), r = t.by_text_.find(right),
                merged = t.by_text_.find(left + right);
     if (l == t.by_text_.end() || r == t.by_text_.end() || merged == t.by_text_.end()) {
-      return bad_file(path, "merge '" + left + " " + right + "' names a token not in the vocab");
+      std::string what = "merge '";
+      what.append(left).append(" ").append(right).append("' names a token not in the vocab");
+      return bad_file(path, what);
     }
     const std::uint64_t key =
         (static_cast<std::uint64_t>(l->second) << 32) | static_cast<std::uint64_t>(r->second);
@@ -239,9 +241,11 @@ keel::result<Tokenizer> Tokenizer::load(const std::string& path) {
     if (id < 0 || id >= size || content.empty()) return bad_file(path, "an added token");
     if (a.value("lstrip", false) || a.value("rstrip", false) || a.value("single_word", false) ||
         a.value("normalized", false)) {
-      return keel::Error(
-          keel::Errc::invalid_argument,
-          path + ": added token " + content + " has lstrip, rstrip, single_word or normalized set");
+      std::string what = path;
+      what.append(": added token ")
+          .append(content)
+          .append(" has lstrip, rstrip, single_word or normalized set");
+      return keel::Error(keel::Errc::invalid_argument, what);
     }
     t.bytes_[static_cast<std::size_t>(id)] = content;
     t.special_[static_cast<std::size_t>(id)] = a.value("special", false);

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""SmolLM2-135M-Instruct, one stream, keel against the CPU anchors (issue 43):
+keel's model (float32, bfloat16), llama.cpp on the same weights written as
+an F32 GGUF and on the published Q4_1 file, and transformers' eager model
+(float32, bfloat16) on the same torch release as keel's build. Every
+contender runs in its own process with the same thread count; rounds
+alternate them (rotated each round), and each figure is the median over
+rounds. The machine's limit is measured in the same run: decoding reads
+every weight once per token, so tokens/s <= read bandwidth / weight bytes.
+
+    scripts/model-bench.sh [--rounds N] [--json F]
+
+(which builds keel and the llama.cpp peer first). Prints a Markdown table
+for docs/benchmarks.md.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import alternation  # noqa: E402
+
+THREADS = int(os.environ.get("KEEL_BENCH_THREADS", "2"))
+METRICS = [("prefill 128", "prefill 128", 128), ("prefill 1024", "prefill 1024", 1024),
+           ("decode ctx 128", "decode 128 32", 32), ("decode ctx 2048", "decode 2048 32", 32)]
+
+
+class Worker:
+    def __init__(self, name, argv, weight_bytes):
+        self.name, self.weight_bytes = name, weight_bytes
+        env = dict(os.environ, KEEL_BENCH_THREADS=str(THREADS), OMP_NUM_THREADS=str(THREADS))
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, bufsize=1, env=env)
+        self.read()  # {"ready": true}
+
+    def read(self):
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.name} exited")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise RuntimeError(f"{self.name}: {answer['error']}")
+        return answer
+
+    def request(self, line):
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+    def close(self):
+        self.proc.stdin.write("quit\n")
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def read_bandwidth_gbs(torch):
+    """Read bandwidth: the best of 5 sums over 1 GiB, on THREADS threads."""
+    torch.set_num_threads(THREADS)
+    x = torch.ones(1 << 28)
+    best = min(alternation.timed_ms(lambda: x.sum()) for _ in range(5)) / 1e3
+    return x.numel() * 4 / best / 1e9
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--keel", required=True, help="keel-generate")
+    p.add_argument("--model-dir", required=True, help="the converted model (fetch-deps)")
+    p.add_argument("--f32-gguf", required=True)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--json")
+    a = p.parse_args()
+    import torch
+    q4 = [f for f in os.listdir(a.model_dir) if f.endswith(".gguf")][0]
+    q4 = os.path.join(a.model_dir, q4)
+    import gguf
+    reader = gguf.GGUFReader(q4)
+    params = sum(int(t.n_elements) for t in reader.tensors)
+    q4_bytes = sum(int(t.n_bytes) for t in reader.tensors)
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "smollm2_worker.py")
+    py = sys.executable
+    contenders = [
+        Worker("keel float32", [a.keel, "--model", a.model_dir, "--threads", str(THREADS),
+                                "--bench-serve"], params * 4),
+        Worker("keel bfloat16", [a.keel, "--model", a.model_dir, "--threads", str(THREADS),
+                                 "--dtype", "bfloat16", "--bench-serve"], params * 2),
+        Worker("llama.cpp F32", [py, worker, "llama_cpp", a.f32_gguf], params * 4),
+        Worker("llama.cpp Q4_1", [py, worker, "llama_cpp", q4], q4_bytes),
+        Worker("transformers float32", [py, worker, "transformers", a.f32_gguf, "float32"],
+               params * 4),
+        Worker("transformers bfloat16", [py, worker, "transformers", a.f32_gguf, "bfloat16"],
+               params * 2),
+    ]
+    times = {(c.name, m[0]): [] for c in contenders for m in METRICS}
+    rss = {c.name: 0.0 for c in contenders}
+    bandwidth = []
+    for r in range(a.rounds):
+        for label, request, _ in METRICS:
+            for c in alternation.rotated(contenders, r):
+                alternation.pause()
+                answer = c.request(request)
+                times[(c.name, label)].append(answer["seconds"])
+                rss[c.name] = max(rss[c.name], answer["rss_mib"])
+        alternation.pause()
+        bandwidth.append(read_bandwidth_gbs(torch))
+        print(f"smollm2_peers: round {r + 1} of {a.rounds} done", file=sys.stderr)
+    for c in contenders:
+        c.close()
+    bw = alternation.median(bandwidth)
+    rate = {}
+    for (name, label), ts in times.items():
+        n = next(m[2] for m in METRICS if m[0] == label)
+        rate[(name, label)] = n / alternation.median(ts)
+    lines = [f"Read bandwidth {bw:.1f} GB/s (median of {a.rounds}); {THREADS} threads; "
+             f"torch {torch.__version__} for transformers; {alternation.machine().get('cpu', '?')}.",
+             "",
+             "| contender | prefill 128 tok/s | prefill 1024 tok/s | decode ctx 128 tok/s | "
+             "decode ctx 2048 tok/s | decode limit tok/s (bandwidth / weights) | peak RSS MiB |",
+             "|---|---|---|---|---|---|---|"]
+    for c in contenders:
+        cells = " | ".join(f"{rate[(c.name, m[0])]:.1f}" for m in METRICS)
+        lines.append(f"| {c.name} | {cells} | {bw * 1e9 / c.weight_bytes:.1f} | {rss[c.name]:.0f} |")
+    ratios = []
+    for keel_name, peer in (("keel float32", "llama.cpp F32"), ("keel bfloat16", "llama.cpp F32"),
+                            ("keel float32", "transformers float32"),
+                            ("keel bfloat16", "transformers bfloat16"),
+                            ("keel bfloat16", "keel float32")):
+        cells = ", ".join(f"{m[0]} {rate[(keel_name, m[0])] / rate[(peer, m[0])]:.2f}"
+                          for m in METRICS)
+        ratios.append(f"- {keel_name} / {peer}: {cells}")
+    text = "\n".join(lines + ["", "Ratios (medians of each contender's rounds):"] + ratios)
+    print(text)
+    if a.json:
+        alternation.write_json(a.json, {
+            "machine": alternation.machine(torch), "threads": THREADS, "rounds": a.rounds,
+            "read_bandwidth_gbs": bandwidth,
+            "seconds": {f"{n} / {l}": ts for (n, l), ts in times.items()},
+            "tokens_per_s": {f"{n} / {l}": v for (n, l), v in rate.items()},
+            "peak_rss_mib": rss, "table": text})
+
+
+if __name__ == "__main__":
+    main()
