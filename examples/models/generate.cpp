@@ -175,7 +175,8 @@ int bench(const models::Llama& m, const Options& o) {
 // request a line on stdin, one JSON answer a line on stdout.
 //   prefill N            {"seconds": s}
 //   decode CTX STEPS     {"seconds": s}
-int bench_serve(const models::Llama& m) {
+//   tokenize PATH        {"seconds": s, "tokens": n}: encoding the file's bytes
+int bench_serve(const models::Llama& m, const models::Tokenizer& tok) {
   at::manual_seed(0);
   std::string line;
   std::cout << nlohmann::json({{"ready", true}, {"rss_mib", peak_rss_mib()}}).dump() << std::endl;
@@ -185,10 +186,22 @@ int bench_serve(const models::Llama& m) {
     std::int64_t a = 0, b = 0;
     in >> what >> a >> b;
     double s = -1;
+    std::size_t tokens = 0;
     if (what == "prefill" && a > 0) s = time_prefill(m, a);
     if (what == "decode" && a > 0 && b > 0) s = time_decode(m, a, b);
+    if (what == "tokenize") {
+      std::istringstream again(line);
+      std::string path;
+      again >> what >> path;
+      std::ifstream file(path, std::ios::binary);
+      const std::string text((std::istreambuf_iterator<char>(file)),
+                             std::istreambuf_iterator<char>());
+      const auto t0 = Clock::now();
+      tokens = tok.encode(text).size();
+      s = file ? seconds_since(t0) : -1;
+    }
     if (what == "quit") return 0;
-    nlohmann::json answer = {{"seconds", s}, {"rss_mib", peak_rss_mib()}};
+    nlohmann::json answer = {{"seconds", s}, {"tokens", tokens}, {"rss_mib", peak_rss_mib()}};
     if (s < 0) answer = {{"error", "bad request: " + line}};
     std::cout << answer.dump() << std::endl;
   }
@@ -261,7 +274,7 @@ int run(int argc, char** argv) {
   const models::Tokenizer& tok = tokenizer.value();
 
   if (o.bench) return bench(m, o);
-  if (o.bench_serve) return bench_serve(m);
+  if (o.bench_serve) return bench_serve(m, tok);
 
   if (!o.prompts.empty()) {
     std::vector<std::int64_t> stop = {m.config().eos_token_id};

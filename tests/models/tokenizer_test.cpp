@@ -3,6 +3,7 @@
 // transformers (scripts/model-reference.sh): every text of the corpus gives
 // the same ids, every id decodes back to the text, every conversation
 // renders to the same bytes. One named case per text and per conversation.
+#include <cstdint>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -39,7 +40,8 @@ const nlohmann::json* entry(const char* list, const std::string& name) {
 
 std::string base64_decode(const std::string& in) {
   std::string out;
-  int bits = 0, value = 0;
+  int bits = 0;
+  std::uint32_t value = 0;  // the bits not yet written, at most 14
   for (const char c : in) {
     int d = -1;
     if (c >= 'A' && c <= 'Z') d = c - 'A';
@@ -48,7 +50,7 @@ std::string base64_decode(const std::string& in) {
     if (c == '+') d = 62;
     if (c == '/') d = 63;
     if (d < 0) continue;  // '=' padding
-    value = (value << 6) | d;
+    value = ((value << 6) | static_cast<std::uint32_t>(d)) & 0x3FFFu;
     bits += 6;
     if (bits >= 8) {
       bits -= 8;

@@ -8,8 +8,11 @@ line on stdin, one JSON line on stdout.
                          included) after CTX random tokens, whose prefill is
                          not timed
 
+    tokenize PATH        seconds to encode the file's text (tokenizers only)
+
     smollm2_worker.py llama_cpp MODEL.gguf
     smollm2_worker.py transformers MODEL.gguf float32|bfloat16
+    smollm2_worker.py tokenizers tokenizer.json
 """
 import json
 import os
@@ -45,8 +48,9 @@ class LlamaCpp:
         self.llm.eval(tokens)
         t0 = time.perf_counter()
         for _ in range(steps):
-            token = int(np.argmax(self.llm.scores[self.llm.n_tokens - 1]))
-            self.llm.eval([token])
+            # The last token's logits, as llama.cpp's context holds them.
+            logits = np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.vocab,))
+            self.llm.eval([int(np.argmax(logits))])
         return time.perf_counter() - t0
 
 
@@ -59,9 +63,11 @@ class Transformers:
         # transformers reads the GGUF file alone, in a folder of its own.
         folder = tempfile.mkdtemp()
         os.symlink(os.path.abspath(path), os.path.join(folder, os.path.basename(path)))
+        # Loaded in float32 (transformers' advice for GGUF files), then cast:
+        # bfloat16 weights and activations, as keel's bfloat16 model.
         self.model = transformers.AutoModelForCausalLM.from_pretrained(
-            folder, gguf_file=os.path.basename(path), dtype=getattr(torch, dtype))
-        self.model.eval()
+            folder, gguf_file=os.path.basename(path), dtype=torch.float32)
+        self.model.to(getattr(torch, dtype)).eval()
         self.vocab = self.model.config.vocab_size
 
     def prefill(self, tokens):
@@ -82,9 +88,30 @@ class Transformers:
             return time.perf_counter() - t0
 
 
+class Tokenizers:
+    """HF tokenizers, one encode call on one thread (as keel's encode)."""
+
+    def __init__(self, path):
+        os.environ["RAYON_NUM_THREADS"] = "1"
+        import tokenizers
+        self.tok = tokenizers.Tokenizer.from_file(path)
+
+    def tokenize(self, path):
+        with open(path, "rb") as f:
+            text = f.read().decode("utf-8", "replace")
+        t0 = time.perf_counter()
+        n = len(self.tok.encode(text, add_special_tokens=False).ids)
+        return time.perf_counter() - t0, n
+
+
 def main():
     kind = sys.argv[1]
-    runner = LlamaCpp(sys.argv[2]) if kind == "llama_cpp" else Transformers(sys.argv[2], sys.argv[3])
+    if kind == "llama_cpp":
+        runner = LlamaCpp(sys.argv[2])
+    elif kind == "tokenizers":
+        runner = Tokenizers(sys.argv[2])
+    else:
+        runner = Transformers(sys.argv[2], sys.argv[3])
     rng = np.random.default_rng(0)
     print(json.dumps({"ready": True, "rss_mib": rss_mib()}), flush=True)
     for line in sys.stdin:
@@ -94,6 +121,10 @@ def main():
         try:
             if words[0] == "prefill":
                 s = runner.prefill(rng.integers(0, runner.vocab, int(words[1])).tolist())
+            elif words[0] == "tokenize":
+                s, n = runner.tokenize(words[1])
+                print(json.dumps({"seconds": s, "tokens": n, "rss_mib": rss_mib()}), flush=True)
+                continue
             elif words[0] == "decode":
                 s = runner.decode(rng.integers(0, runner.vocab, int(words[1])).tolist(),
                                   int(words[2]))
