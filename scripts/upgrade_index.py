@@ -85,6 +85,18 @@ def suite_rows(paths):
     return rows
 
 
+def replay_cells(report):
+    """The recorded-on and replayed-on cells of a keel::compat report's row."""
+    return (f"<td>{esc(report['golden'].get('torch_version', '?'))}</td>"
+            f"<td>{esc(report['now']['torch_version'])}</td>")
+
+
+def output_cells(case):
+    """Each output of a case: its largest difference against its tolerance."""
+    return "<br>".join(f"{esc(o['name'])}: {o['max_abs']:.3g} / {o['tolerance']['atol']:.3g}"
+                       f"{'' if o['pass'] else ' FAIL'}" for o in case["outputs"])
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
@@ -136,13 +148,9 @@ def main():
         for path in a.smollm2_compare:
             report = json.load(open(path))
             for c in report["cases"]:
-                outputs = "<br>".join(
-                    f"{esc(o['name'])}: {o['max_abs']:.3g} / {o['tolerance']['atol']:.3g}"
-                    f"{'' if o['pass'] else ' FAIL'}" for o in c["outputs"])
-                parts.append(f"<tr class='{esc(c['status'])}'><td>"
-                             f"{esc(report['golden'].get('torch_version', '?'))}</td>"
-                             f"<td>{esc(report['now']['torch_version'])}</td><td>{esc(c['id'])}"
-                             f"</td><td>{esc(c['status'])}</td><td>{outputs}</td></tr>")
+                parts.append(f"<tr class='{esc(c['status'])}'>{replay_cells(report)}"
+                             f"<td>{esc(c['id'])}</td><td>{esc(c['status'])}</td>"
+                             f"<td>{output_cells(c)}</td></tr>")
         parts.append("</table>")
     if a.smollm2_bench:
         parts.append("<h3>Its speed and memory per release (one stream)</h3><table><tr>"
@@ -190,15 +198,10 @@ def main():
         for path in a.compare:
             report = json.load(open(path))
             for c in report["cases"]:
-                outputs = "<br>".join(
-                    f"{esc(o['name'])}: {o['max_abs']:.3g} / {o['tolerance']['atol']:.3g}"
-                    f"{'' if o['pass'] else ' FAIL'}" for o in c["outputs"])
                 parts.append(
-                    f"<tr class='{esc(c['status'])}'><td>"
-                    f"{esc(report['golden'].get('torch_version', '?'))}</td>"
-                    f"<td>{esc(report['now']['torch_version'])}</td><td>{esc(c['status'])}</td>"
-                    f"<td>{outputs}</td><td>{c['forward_ms']['golden']:.0f} / "
-                    f"{c['forward_ms']['now']:.0f}</td><td>"
+                    f"<tr class='{esc(c['status'])}'>{replay_cells(report)}"
+                    f"<td>{esc(c['status'])}</td><td>{output_cells(c)}</td>"
+                    f"<td>{c['forward_ms']['golden']:.0f} / {c['forward_ms']['now']:.0f}</td><td>"
                     f"{c['peak_bytes']['golden'] / 2**20:.1f} / "
                     f"{c['peak_bytes']['now'] / 2**20:.1f}</td></tr>")
         parts.append("</table>")

@@ -99,11 +99,14 @@ class Llama {
   /// `[N, vocab_size]` in float32.
   [[nodiscard]] at::Tensor logits(const at::Tensor& hidden) const;
 
-  /// Every parameter by keel's name (`layers.3.qkv`: q, k and v stacked;
-  /// `gate_up` likewise), for training and checks.
+  /// Every parameter by keel's name (`layers.3.qkv`: q, k and v side by
+  /// side, input-major `[in, out]`; `gate_up` likewise), for training and
+  /// checks.
   [[nodiscard]] std::vector<std::pair<std::string, at::Tensor>> parameters() const;
 
  private:
+  // The matrices are input-major: qkv [D, (H + 2 Hkv) E], o [H E, D],
+  // gate_up [D, 2 F], down [F, D].
   struct Layer {
     at::Tensor attn_norm, qkv, o, ffn_norm, gate_up, down;
   };

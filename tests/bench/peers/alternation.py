@@ -28,22 +28,28 @@ DEFAULT_KEEL_BENCH = os.path.join(REPO, "build", "torch-2.15.0", "tests", "keel_
 
 
 class KeelServer:
-    """keel_peer_bench serve: one request a line, one JSON answer a line."""
+    """A contender in a process of its own that answers one JSON line per
+    request line: keel_peer_bench serve by default, or any `argv` speaking
+    the same protocol (keel-generate --bench-serve, smollm2_worker.py)."""
 
-    def __init__(self, path=DEFAULT_KEEL_BENCH):
-        self.proc = subprocess.Popen([path, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, bufsize=1)
+    def __init__(self, path=DEFAULT_KEEL_BENCH, argv=None, name="keel_peer_bench", env=None):
+        self.name = name
+        self.proc = subprocess.Popen(argv or [path, "serve"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, bufsize=1, env=env)
+
+    def read(self, line):
+        answer = self.proc.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"{self.name} exited on '{line}'")
+        result = json.loads(answer)
+        if "error" in result:
+            raise RuntimeError(f"{self.name}: {result['error']} (request '{line}')")
+        return result
 
     def request(self, line):
         self.proc.stdin.write(line + "\n")
         self.proc.stdin.flush()
-        answer = self.proc.stdout.readline()
-        if not answer:
-            raise RuntimeError(f"keel_peer_bench exited on '{line}'")
-        result = json.loads(answer)
-        if "error" in result:
-            raise RuntimeError(f"keel_peer_bench: {result['error']} (request '{line}')")
-        return result
+        return self.read(line)
 
     def close(self):
         self.proc.stdin.close()

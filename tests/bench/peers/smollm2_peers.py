@@ -16,7 +16,6 @@ for docs/benchmarks.md.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -30,32 +29,15 @@ METRICS = [("prefill 128", "prefill 128", 128), ("prefill 1024", "prefill 1024",
            ("decode ctx 128", "decode 128 32", 32), ("decode ctx 2048", "decode 2048 32", 32)]
 
 
-class Worker:
+class Worker(alternation.KeelServer):
+    """A contender's process (the protocol of keel-generate --bench-serve),
+    with the bytes of weights its decoding reads per token."""
+
     def __init__(self, name, argv, weight_bytes):
-        self.name, self.weight_bytes = name, weight_bytes
         env = dict(os.environ, KEEL_BENCH_THREADS=str(THREADS), OMP_NUM_THREADS=str(THREADS))
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, bufsize=1, env=env)
-        self.read()  # {"ready": true}
-
-    def read(self):
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"{self.name} exited")
-        answer = json.loads(line)
-        if "error" in answer:
-            raise RuntimeError(f"{self.name}: {answer['error']}")
-        return answer
-
-    def request(self, line):
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-        return self.read()
-
-    def close(self):
-        self.proc.stdin.write("quit\n")
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+        super().__init__(argv=argv, name=name, env=env)
+        self.weight_bytes = weight_bytes
+        self.read("start")  # {"ready": true}
 
 
 def read_bandwidth_gbs(torch):
