@@ -16,7 +16,8 @@
 #   lint                         clang-tidy with the sanitizer build's clang PCH
 #   the newest release, CUDA     built, not run (no GPU here; scripts/gpu-check.sh)
 #   across releases              the golden recorded on the first release and compared
-#                                on each other one with each adapter
+#                                on each other one with each adapter; SmolLM2's logits and
+#                                greedy tokens (examples/models) likewise
 #
 # Every release, in full: scripts/matrix.sh.
 set -euo pipefail
