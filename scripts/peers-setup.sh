@@ -6,7 +6,8 @@
 # tests/bench/peers/ uses it (docs/benchmarks.md, "Side by side with the
 # peers"), and scripts/model-reference.sh, which writes the reference that
 # keel's SmolLM2 is compared with (transformers, accelerate, HF tokenizers and
-# the gguf reader, installed with their own dependencies). Idempotent: a second run downloads nothing and changes nothing.
+# the gguf reader, installed with their own dependencies). Idempotent: a
+# second run downloads nothing and changes nothing.
 #
 #   scripts/peers-setup.sh
 #   $KEEL_DEPS_DIR/peers-venv/bin/peers-python -c 'import torch; print(torch.__version__)'
