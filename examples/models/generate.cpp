@@ -183,16 +183,15 @@ int bench_serve(const models::Llama& m, const models::Tokenizer& tok) {
   while (std::getline(std::cin, line)) {
     std::istringstream in(line);
     std::string what;
+    in >> what;
     std::int64_t a = 0, b = 0;
-    in >> what >> a >> b;
     double s = -1;
     std::size_t tokens = 0;
-    if (what == "prefill" && a > 0) s = time_prefill(m, a);
-    if (what == "decode" && a > 0 && b > 0) s = time_decode(m, a, b);
+    if (what == "prefill" && in >> a && a > 0) s = time_prefill(m, a);
+    if (what == "decode" && in >> a >> b && a > 0 && b > 0) s = time_decode(m, a, b);
     if (what == "tokenize") {
-      std::istringstream again(line);
       std::string path;
-      again >> what >> path;
+      in >> path;
       std::ifstream file(path, std::ios::binary);
       const std::string text((std::istreambuf_iterator<char>(file)),
                              std::istreambuf_iterator<char>());

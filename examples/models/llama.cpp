@@ -5,6 +5,7 @@
 #include <map>
 #include <utility>
 
+#include <c10/core/GradMode.h>
 #include <nlohmann/json.hpp>
 
 #include "keel/v1/attention.h"
@@ -151,12 +152,6 @@ at::Tensor Llama::rms_norm(const at::Tensor& x, const at::Tensor& weight) const 
   return weight * normed.to(x.scalar_type());
 }
 
-at::Tensor Llama::mlp(const Layer& layer, const at::Tensor& x) const {
-  const at::Tensor gate_up = at::matmul(x, layer.gate_up);
-  const std::int64_t f = config_.intermediate_size;
-  return at::matmul(at::silu(gate_up.narrow(-1, 0, f)) * gate_up.narrow(-1, f, f), layer.down);
-}
-
 // cos and sin `[T, head_dim]` of positions `[T]` (int64), as rotate_half uses them.
 std::pair<at::Tensor, at::Tensor> Llama::rope(const at::Tensor& positions) const {
   const at::Tensor freqs = at::outer(positions.to(at::kFloat), inv_freq_);
@@ -173,10 +168,32 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 }
 }  // namespace
 
+// One block over rows x `[T, D]`, every row rotated by its own angles cos
+// and sin `[T, 1, E]`; `attend` maps q `[T, H, E]`, k and v `[T, Hkv, E]` to
+// `[T, H, E]` (the paged call when serving, the dense one when training).
+keel::result<at::Tensor> Llama::block(const Layer& layer, const at::Tensor& x,
+                                      const at::Tensor& cos, const at::Tensor& sin,
+                                      const Attend& attend) const {
+  const LlamaConfig& c = config_;
+  const std::int64_t t = x.size(0), e = c.head_dim, f = c.intermediate_size;
+  const std::int64_t hq = c.heads * e, hkv = c.kv_heads * e;
+  const at::Tensor qkv = at::mm(rms_norm(x, layer.attn_norm), layer.qkv);
+  // q's and k's heads rotated together, in one pass.
+  const at::Tensor qk =
+      apply_rope(qkv.narrow(1, 0, hq + hkv).view({t, c.heads + c.kv_heads, e}), cos, sin);
+  keel::result<at::Tensor> a = attend(qk.narrow(1, 0, c.heads), qk.narrow(1, c.heads, c.kv_heads),
+                                      qkv.narrow(1, hq + hkv, hkv).view({t, c.kv_heads, e}));
+  if (!a) return a.error();
+  // The residual adds fused into the products (x + a o in one call).
+  const at::Tensor h = at::addmm(x, a.value().reshape({t, hq}), layer.o);
+  const at::Tensor gate_up = at::mm(rms_norm(h, layer.ffn_norm), layer.gate_up);
+  return at::addmm(h, at::silu(gate_up.narrow(1, 0, f)) * gate_up.narrow(1, f, f), layer.down);
+}
+
 keel::result<at::Tensor> Llama::step(const std::vector<StepSequence>& sequences,
                                      KVCache& cache) const {
   const LlamaConfig& c = config_;
-  const std::int64_t ps = cache.page_size, e = c.head_dim;
+  const std::int64_t ps = cache.page_size;
   if (sequences.empty()) return keel::Error(keel::Errc::invalid_argument, "step: no sequences");
   if (static_cast<std::int64_t>(cache.k.size()) != c.layers || ps <= 0) {
     return keel::Error(keel::Errc::invalid_argument, "step: the cache is not this model's");
@@ -225,7 +242,6 @@ keel::result<at::Tensor> Llama::step(const std::vector<StepSequence>& sequences,
     cu.push_back(cu.back() + n);
     lengths.push_back(s.first + n);
   }
-  const auto t = static_cast<std::int64_t>(tokens.size());
   const at::Tensor page_table = at::tensor(table).view({b, max_pages});
   const at::Tensor cu_t = at::tensor(cu), lengths_t = at::tensor(lengths);
   const at::Tensor page_idx = at::tensor(slot_page), off_idx = at::tensor(slot_off);
@@ -237,31 +253,23 @@ keel::result<at::Tensor> Llama::step(const std::vector<StepSequence>& sequences,
   spec.masks = {keel::Mask::causal(keel::CausalAlignment::bottom_right)};
   c10::NoGradGuard no_grad;
   at::Tensor x = embed_.index_select(0, at::tensor(tokens));
-  using at::indexing::Slice;
-  const std::int64_t hq = c.heads * e, hkv = c.kv_heads * e;
-  for (std::int64_t l = 0; l < c.layers; ++l) {
-    const Layer& layer = layers_[static_cast<std::size_t>(l)];
-    const at::Tensor qkv = at::mm(rms_norm(x, layer.attn_norm), layer.qkv);
-    // q's and k's heads rotated together, in one pass.
-    const at::Tensor qk =
-        apply_rope(qkv.narrow(1, 0, hq + hkv).view({t, c.heads + c.kv_heads, e}), cos, sin);
-    const at::Tensor q = qk.narrow(1, 0, c.heads);
-    const at::Tensor k = qk.narrow(1, c.heads, c.kv_heads);
-    const at::Tensor v = qkv.narrow(1, hq + hkv, hkv).view({t, c.kv_heads, e});
-    const auto li = static_cast<std::size_t>(l);
-    // The step's keys and values go into their pages first: each
-    // sequence's queries then read its whole cache, its new keys included.
-    cache.k[li].index_put_({page_idx, Slice(), off_idx}, k);
-    cache.v[li].index_put_({page_idx, Slice(), off_idx}, v);
-    keel::result<keel::AttentionOutput> a =
-        keel::attention(keel::PackedQueries{q, cu_t},
-                        keel::PagedKVCache{cache.k[li], cache.v[li], page_table, lengths_t}, spec);
-    if (!a) return a.error();
-    // The residual adds fused into the products (x + a o^T in one call).
-    x = at::addmm(x, a.value().out.reshape({t, hq}), layer.o);
-    const at::Tensor gate_up = at::mm(rms_norm(x, layer.ffn_norm), layer.gate_up);
-    const std::int64_t f = c.intermediate_size;
-    x = at::addmm(x, at::silu(gate_up.narrow(1, 0, f)) * gate_up.narrow(1, f, f), layer.down);
+  for (std::size_t l = 0; l < layers_.size(); ++l) {
+    auto attend = [&](const at::Tensor& q, const at::Tensor& k,
+                      const at::Tensor& v) -> keel::result<at::Tensor> {
+      // The step's keys and values go into their pages first: each
+      // sequence's queries then read its whole cache, its new keys included.
+      using at::indexing::Slice;
+      cache.k[l].index_put_({page_idx, Slice(), off_idx}, k);
+      cache.v[l].index_put_({page_idx, Slice(), off_idx}, v);
+      auto a =
+          keel::attention(keel::PackedQueries{q, cu_t},
+                          keel::PagedKVCache{cache.k[l], cache.v[l], page_table, lengths_t}, spec);
+      if (!a) return a.error();
+      return a.value().out;
+    };
+    auto next = block(layers_[l], x, cos, sin, attend);
+    if (!next) return next.error();
+    x = next.value();
   }
   return rms_norm(x, norm_);
 }
@@ -280,26 +288,29 @@ keel::result<at::Tensor> Llama::forward(const at::Tensor& tokens) const {
                              tokens.max().item<std::int64_t>() >= c.vocab_size)) {
     return keel::Error(keel::Errc::invalid_argument, "forward: a token is outside the vocabulary");
   }
-  auto [cos, sin] = rope(at::arange(len, at::kLong));
-  cos = cos.unsqueeze(1);  // [L, 1, E]
+  // Rows [B * L, D]: sequence-major, each row at its position in its sequence.
+  auto [cos, sin] = rope(at::arange(len, at::kLong).repeat({b}));
+  cos = cos.unsqueeze(1);
   sin = sin.unsqueeze(1);
   keel::AttentionSpec spec;
   spec.masks = {keel::Mask::causal()};
-  at::Tensor x = at::embedding(embed_, tokens);  // [B, L, D]
-  const std::int64_t hq = c.heads * e, hkv = c.kv_heads * e;
-  for (const Layer& layer : layers_) {
-    const at::Tensor qkv = at::matmul(rms_norm(x, layer.attn_norm), layer.qkv);
-    // [B, L, H, E] rotated, then [B, H, L, E] for the attention call.
-    const at::Tensor q = apply_rope(qkv.narrow(2, 0, hq).view({b, len, c.heads, e}), cos, sin);
-    const at::Tensor k = apply_rope(qkv.narrow(2, hq, hkv).view({b, len, c.kv_heads, e}), cos, sin);
-    const at::Tensor v = qkv.narrow(2, hq + hkv, hkv).view({b, len, c.kv_heads, e});
-    keel::result<keel::AttentionOutput> a =
-        keel::attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), spec);
+  auto attend = [&](const at::Tensor& q, const at::Tensor& k,
+                    const at::Tensor& v) -> keel::result<at::Tensor> {
+    // [B, H, L, E] for the dense call, and back to rows.
+    auto heads = [&](const at::Tensor& r) {
+      return r.view({b, len, r.size(1), e}).transpose(1, 2);
+    };
+    auto a = keel::attention(heads(q), heads(k), heads(v), spec);
     if (!a) return a.error();
-    x = x + at::matmul(a.value().out.transpose(1, 2).reshape({b, len, hq}), layer.o);
-    x = x + mlp(layer, rms_norm(x, layer.ffn_norm));
+    return a.value().out.transpose(1, 2).reshape({b * len, c.heads, e});
+  };
+  at::Tensor x = at::embedding(embed_, tokens.reshape({-1}));
+  for (const Layer& layer : layers_) {
+    auto next = block(layer, x, cos, sin, attend);
+    if (!next) return next.error();
+    x = next.value();
   }
-  return rms_norm(x, norm_);
+  return rms_norm(x, norm_).view({b, len, c.hidden_size});
 }
 
 at::Tensor Llama::logits(const at::Tensor& hidden) const {

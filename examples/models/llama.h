@@ -19,11 +19,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
-#include <c10/core/GradMode.h>
 
 #include "keel/v1/error.h"
 
@@ -110,8 +110,12 @@ class Llama {
   struct Layer {
     at::Tensor attn_norm, qkv, o, ffn_norm, gate_up, down;
   };
+  using Attend = std::function<keel::result<at::Tensor>(const at::Tensor& q, const at::Tensor& k,
+                                                        const at::Tensor& v)>;
+  [[nodiscard]] keel::result<at::Tensor> block(const Layer& layer, const at::Tensor& x,
+                                               const at::Tensor& cos, const at::Tensor& sin,
+                                               const Attend& attend) const;
   [[nodiscard]] at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight) const;
-  [[nodiscard]] at::Tensor mlp(const Layer& layer, const at::Tensor& x) const;
   [[nodiscard]] std::pair<at::Tensor, at::Tensor> rope(const at::Tensor& positions) const;
 
   LlamaConfig config_;

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 
 #include "llama.h"
