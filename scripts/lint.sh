@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 git ls-files '*.h' '*.cpp' | xargs clang-format --dry-run -Werror
 echo "keel: clang-format clean"
-mapfile -t left < <(git ls-files 'src/*.cpp' 'compat/*.cpp' 'adapters/*.cpp' 'kernels/*.cpp' 'examples/*.cpp')
+mapfile -t left < <(git ls-files 'src/*.cpp' 'compat/*.cpp' 'adapters/*.cpp' 'kernels/*.cpp' 'examples/*.cpp' 'c_api/*.cpp')
 total=0
 for build in "$@"; do
   lint_dir="$build/lint"

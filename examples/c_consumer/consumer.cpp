@@ -5,6 +5,7 @@
 // 2.9.1, 2.13.0 and 2.15.0 plugins (scripts/test.sh).
 //
 //   keel_c_consumer record  --out FILE  [--plugin PATH | --torch-release R [--plugin-dir D]]
+//                           [--torch-library-dir DIR]
 //   keel_c_consumer compare --golden FILE [--json REPORT] [same plugin options]
 //   keel_c_consumer comm --rank R --world N --rendezvous URL [same plugin options]
 //
@@ -246,10 +247,7 @@ std::vector<std::pair<std::string, CaseFn>> cases() {
                      Tensor h = in.uniform(kF32, {6, 16}), w = in.uniform(kF32, {40, 16}),
                             b = in.uniform(kF32, {40});
                      Tensor target = in.ints({3, -100, 39, 0, 7, -100}, {6});
-                     KEEL_LinearCrossEntropy_Options opt;
-                     std::memset(&opt, 0, sizeof opt);
-                     opt.struct_size = sizeof opt;
-                     opt.ignore_index = -100;
+                     auto opt = keel::c::make_args<KEEL_LinearCrossEntropy_Options>();
                      opt.label_smoothing = 0.1;
                      opt.bias = b.get();
                      opt.return_per_token_loss = 1;
@@ -268,11 +266,8 @@ std::vector<std::pair<std::string, CaseFn>> cases() {
                      Inputs in(9);
                      Tensor h = in.uniform(kF64, {5, 8}), w = in.uniform(kF64, {11, 8});
                      Tensor target = in.ints({1, 2, 3, 4, 10}, {5});
-                     KEEL_LinearCrossEntropy_Options opt;
-                     std::memset(&opt, 0, sizeof opt);
-                     opt.struct_size = sizeof opt;
+                     auto opt = keel::c::make_args<KEEL_LinearCrossEntropy_Options>();
                      opt.reduction = KEEL_REDUCTION_SUM;
-                     opt.ignore_index = -100;
                      CONSUMER_TRY(r, p.loss_forward(h, w, target, &opt));
                      put(o, "loss", r.value().loss);
                      return 0;
@@ -290,31 +285,29 @@ struct Service {
   std::vector<std::string> names;  // the last call's output names
 };
 
-std::int32_t run_case(void* user_data, const char* case_id, const KEEL_NamedTensor* /*inputs*/,
-                      std::size_t /*num_inputs*/, KEEL_NamedTensor* outputs, std::size_t capacity,
-                      std::size_t* num_outputs, char* error, std::size_t error_capacity) {
-  auto& service = *static_cast<Service*>(user_data);
-  *num_outputs = 0;
+std::int32_t run_case(KEEL_Compat_Function_Args* args) {
+  auto& service = *static_cast<Service*>(args->user_data);
+  args->num_outputs = 0;
   for (const auto& [id, run] : service.cases) {
-    if (id != case_id) continue;
+    if (id != args->case_id) continue;
     Outputs got;
     keel::c::Result<int> r = run(*service.plugin, got);
     if (!r) {
-      std::snprintf(error, error_capacity, "%s", r.error().message().c_str());
+      std::snprintf(args->error, args->error_capacity, "%s", r.error().message().c_str());
       return r.error().code();
     }
     service.names.clear();
     for (auto& [name, t] : got) service.names.push_back(name);
     std::size_t i = 0;
     for (auto& [name, t] : got) {
-      if (i == capacity) break;
-      outputs[i] = {service.names[i].c_str(), t.release()};
+      if (i == args->output_capacity) break;
+      args->outputs[i] = {service.names[i].c_str(), t.release()};
       ++i;
     }
-    *num_outputs = i;
+    args->num_outputs = i;
     return KEEL_ERRC_OK;
   }
-  std::snprintf(error, error_capacity, "no case '%s' in this consumer", case_id);
+  std::snprintf(args->error, args->error_capacity, "no case '%s' in this consumer", args->case_id);
   return KEEL_ERRC_UNSUPPORTED;
 }
 
@@ -338,7 +331,7 @@ class Checks {
 };
 
 int run_comm(const keel::c::Plugin& p, int rank, int world, const std::string& rendezvous) {
-  auto o = keel::c::Plugin::comm_options();
+  auto o = keel::c::make_args<KEEL_Comm_Create_Args>();
   o.backend = KEEL_COMM_GLOO;
   o.rendezvous = rendezvous.c_str();
   o.rank = rank;
@@ -369,57 +362,53 @@ int run_comm(const keel::c::Plugin& p, int rank, int world, const std::string& r
     keel::c::Result<bool> done = w.value().wait(30000);
     k.expect(done && done.value() && buf[0] == n - 1, "all_reduce_async max after wait");
   }
-  auto a = keel::c::make_args<KEEL_Comm_Collective_Args>();
   // broadcast from the last rank.
   buf[0] = r * 10;
-  a.collective = KEEL_COLLECTIVE_BROADCAST;
-  a.tensor = t.get();
-  a.peer = world - 1;
-  k.ok(c.run(a), "broadcast");
+  auto bc = keel::c::make_args<KEEL_Comm_Broadcast_Args>();
+  bc.tensor = t.get();
+  bc.root = world - 1;
+  k.ok(c.run(bc), "broadcast");
   k.expect(buf[0] == (n - 1) * 10, "broadcast value");
   // all_gather: each rank's [r, r] into [2 * N].
   std::vector<double> mine = {r, r};
   Tensor in = Tensor::view(mine.data(), kF64, {2}, /*read_only=*/true);
   Tensor out = view(0, 2 * std::int64_t{world});
-  a = keel::c::make_args<KEEL_Comm_Collective_Args>();
-  a.collective = KEEL_COLLECTIVE_ALL_GATHER;
-  a.input = in.get();
-  a.output = out.get();
-  k.ok(c.run(a), "all_gather");
+  auto ag = keel::c::make_args<KEEL_Comm_AllGather_Args>();
+  ag.input = in.get();
+  ag.output = out.get();
+  k.ok(c.run(ag), "all_gather");
   for (int i = 0; i < 2 * world; ++i) k.expect(buf[i] == std::floor(i / 2.0), "all_gather element");
   // reduce_scatter: [2 * N] of ones, summed, this rank's 2.
   std::vector<double> ones(2 * static_cast<std::size_t>(world), 1.0);
   Tensor ones_t = Tensor::view(ones.data(), kF64, {2 * std::int64_t{world}}, true);
   Tensor part = view(0, 2);
-  a.collective = KEEL_COLLECTIVE_REDUCE_SCATTER;
-  a.input = ones_t.get();
-  a.output = part.get();
-  k.ok(c.run(a), "reduce_scatter");
+  auto rs = keel::c::make_args<KEEL_Comm_ReduceScatter_Args>();
+  rs.input = ones_t.get();
+  rs.output = part.get();
+  k.ok(c.run(rs), "reduce_scatter");
   k.expect(buf[0] == n && buf[1] == n, "reduce_scatter values");
   // all_to_all, even: element j goes to rank j.
   std::vector<double> send(world);
   for (int j = 0; j < world; ++j) send[j] = r * 100 + j;
   Tensor send_t = Tensor::view(send.data(), kF64, {world}, true);
   Tensor recv_t = view(0, world);
-  a.collective = KEEL_COLLECTIVE_ALL_TO_ALL;
-  a.input = send_t.get();
-  a.output = recv_t.get();
-  k.ok(c.run(a), "all_to_all");
+  auto aa = keel::c::make_args<KEEL_Comm_AllToAll_Args>();
+  aa.input = send_t.get();
+  aa.output = recv_t.get();
+  k.ok(c.run(aa), "all_to_all");
   for (int j = 0; j < world; ++j) k.expect(buf[j] == j * 100 + r, "all_to_all element");
   // send / recv around a ring.
   if (world > 1) {
     std::vector<double> token = {r + 0.5};
     Tensor token_t = Tensor::view(token.data(), kF64, {1}, true);
     Tensor got = view(0, 1);
-    auto s = keel::c::make_args<KEEL_Comm_Collective_Args>();
-    s.collective = KEEL_COLLECTIVE_SEND;
+    auto s = keel::c::make_args<KEEL_Comm_Send_Args>();
     s.tensor = token_t.get();
     s.peer = (rank + 1) % world;
     s.tag = 7;
     s.async = 1;
     keel::c::Result<keel::c::Work> sent = c.run(s);
-    auto rv = keel::c::make_args<KEEL_Comm_Collective_Args>();
-    rv.collective = KEEL_COLLECTIVE_RECV;
+    auto rv = keel::c::make_args<KEEL_Comm_Recv_Args>();
     rv.tensor = got.get();
     rv.peer = (rank + world - 1) % world;
     rv.tag = 7;
@@ -432,9 +421,7 @@ int run_comm(const keel::c::Plugin& p, int rank, int world, const std::string& r
   keel::c::Result<keel::c::Work> refused = c.all_reduce(frozen);
   k.expect(!refused && refused.error().code() == KEEL_ERRC_INVALID_ARGUMENT, "read-only refused");
   // barrier, then a split of every rank, which reduces on its own.
-  a = keel::c::make_args<KEEL_Comm_Collective_Args>();
-  a.collective = KEEL_COLLECTIVE_BARRIER;
-  k.ok(c.run(a), "barrier");
+  k.ok(c.run(keel::c::make_args<KEEL_Comm_Barrier_Args>()), "barrier");
   std::vector<std::int32_t> all(world);
   for (int j = 0; j < world; ++j) all[j] = j;
   keel::c::Result<keel::c::Comm> sub = c.split(all, "all");
@@ -453,7 +440,6 @@ int run_comm(const keel::c::Plugin& p, int rank, int world, const std::string& r
     const double* wdata = wfull.data<double>() + std::int64_t{rank} * 4 * dim;
     Tensor wmine = Tensor::view(wdata, kF64, {4, dim}, true);
     auto lo = keel::c::make_args<KEEL_LinearCrossEntropy_Options>();
-    lo.ignore_index = -100;
     keel::c::Result<keel::c::LossResult> whole = p.loss_forward(h, wfull, target, &lo);
     lo.communicator = c.get();
     lo.vocab_start = std::int64_t{rank} * 4;
@@ -465,7 +451,7 @@ int run_comm(const keel::c::Plugin& p, int rank, int world, const std::string& r
     }
   }
   // abort: a later collective is an error value, never a hang.
-  c.abort();
+  k.ok(c.abort(), "abort");
   keel::c::Result<KEEL_Comm_Info_Args> info = c.info();
   k.expect(info && info.value().aborted != 0, "aborted");
   keel::c::Result<keel::c::Work> after = c.all_reduce(t);
@@ -479,7 +465,8 @@ int usage() {
   std::fprintf(stderr,
                "usage: keel_c_consumer record --out FILE | compare --golden FILE |\n"
                "         comm --rank R --world N --rendezvous URL\n"
-               "         [--plugin PATH | --torch-release R [--plugin-dir D]]\n");
+               "         [--plugin PATH | --torch-release R [--plugin-dir D]]\n"
+               "         [--torch-library-dir DIR]\n");
   return 2;
 }
 
@@ -501,6 +488,8 @@ int main(int argc, char** argv) try {
       load.torch_release = value;
     } else if (flag == "--plugin-dir") {
       load.plugin_dir = value;
+    } else if (flag == "--torch-library-dir") {
+      load.torch_library_dir = value;
     } else if (flag == "--json") {
       json = value;
     } else if (flag == "--rank") {

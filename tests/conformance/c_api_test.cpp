@@ -21,12 +21,13 @@
 #include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 
-#include "c_api/dlpack_bridge.h"
 #include "conformance/adapters.h"
 #include "conformance/attention_support.h"
 #include "conformance/c_api_support.h"
 #include "keel/c/keel.hpp"
 #include "keel/keel.h"
+#include "plugin/common.h"
+#include "plugin/dlpack_bridge.h"
 
 namespace keel {
 namespace {
@@ -266,10 +267,7 @@ TEST(CApiConformance, LossForwardBackwardEqualsV1Bitwise) {
   ASSERT_TRUE(want) << want.error().to_string();
   want.value().loss.backward();
   CTensor ch = dl(h), cw = dl(w), cb = dl(b), ct = dl(target);
-  KEEL_LinearCrossEntropy_Options co;
-  std::memset(&co, 0, sizeof co);
-  co.struct_size = sizeof co;
-  co.ignore_index = -100;
+  auto co = keel::c::make_args<KEEL_LinearCrossEntropy_Options>();
   co.label_smoothing = 0.1;
   co.bias = cb.get();
   co.return_per_token_loss = co.return_lse = 1;
@@ -414,8 +412,8 @@ TEST(CApiConformance, StructSizesFromOlderAndNewerCallers) {
   CTensor value = CTensor::adopt(newer.args.value);
   EXPECT_TRUE(bitwise(from(value), at::logsumexp(x, 1)));
 
-  // A caller's struct of exactly 0.1's size: whatever lies past it (here
-  // 0xff bytes) is never read. One smaller than 0.1's is invalid_argument.
+  // A caller's struct of exactly 1.0's size: whatever lies past it (here
+  // 0xff bytes) is never read. One smaller than 1.0's is invalid_argument.
   struct {
     KEEL_AttentionSpec spec;
     unsigned char past[64];
@@ -448,6 +446,159 @@ TEST(CApiConformance, StructSizesFromOlderAndNewerCallers) {
   EXPECT_EQ(code.code, KEEL_ERRC_INVALID_ARGUMENT);
   KEEL_Error_Destroy_Args destroy{sizeof(KEEL_Error_Destroy_Args), nullptr, e};
   api->KEEL_Error_Destroy(&destroy);
+}
+
+// 1.0's rule that a zeroed struct is the defaults: zeroed loss options
+// ignore -100, as NULL options do, and keep class 0 (a zeroed
+// `ignore_index` of 0 would drop it).
+TEST(CApiConformance, ZeroedOptionsAreTheDefaults) {
+  const at::Tensor h = randn({6, 8}, at::kDouble), w = randn({5, 8}, at::kDouble);
+  const at::Tensor target = at::tensor({0, 0, 3, -100, 4, 0}, at::kLong);
+  CTensor ch = dl(h), cw = dl(w), ct = dl(target);
+  const auto zeroed = keel::c::make_args<KEEL_LinearCrossEntropy_Options>();
+  keel::c::Result<keel::c::LossResult> with_zeroed = plugin().loss_forward(ch, cw, ct, &zeroed);
+  keel::c::Result<keel::c::LossResult> with_null = plugin().loss_forward(ch, cw, ct, nullptr);
+  ASSERT_TRUE(with_zeroed) << with_zeroed.error().message();
+  ASSERT_TRUE(with_null) << with_null.error().message();
+  const at::Tensor want =
+      at::cross_entropy_loss(at::matmul(h, w.t()), target, {}, at::Reduction::Mean, -100);
+  const at::Tensor zeroed_loss = from(with_zeroed.value().loss);
+  EXPECT_TRUE(bitwise(zeroed_loss, from(with_null.value().loss)));
+  EXPECT_NEAR(zeroed_loss.item<double>(), want.item<double>(), 1e-12);
+  auto explicit_zero = zeroed;
+  explicit_zero.has_ignore_index = 1;
+  explicit_zero.ignore_index = 0;
+  const at::Tensor classes = target.masked_fill(target == -100, 1);  // 0 is now the ignored one
+  CTensor cc = dl(classes);
+  keel::c::Result<keel::c::LossResult> dropped = plugin().loss_forward(ch, cw, cc, &explicit_zero);
+  ASSERT_TRUE(dropped) << dropped.error().message();
+  const at::Tensor want_dropped =
+      at::cross_entropy_loss(at::matmul(h, w.t()), classes, {}, at::Reduction::Mean, 0);
+  EXPECT_NEAR(from(dropped.value().loss).item<double>(), want_dropped.item<double>(), 1e-12);
+}
+
+// Outputs on error: every output field of the caller's struct is NULL
+// (whatever it held before), and nothing was handed over.
+TEST(CApiConformance, OutputsAreZeroOnError) {
+  const at::Tensor q = randn({1, 2, 3, 4}, at::kFloat), k = randn({1, 2, 3, 5}, at::kFloat);
+  CTensor cq = dl(q), ck = dl(k);
+  auto a = keel::c::make_args<KEEL_Attention_Forward_Args>();
+  a.q = cq.get();
+  a.k = ck.get();  // E differs from q's: v1 refuses it after the inputs are read
+  a.v = ck.get();
+  a.return_lse = 1;
+  static DLManagedTensorVersioned stale{};
+  a.out = a.lse = &stale;
+  a.served_backend = 42;
+  KEEL_Error* e = plugin().api()->KEEL_Attention_Forward(&a);
+  keel::c::Error error;
+  ASSERT_TRUE(keel::c::take_error(plugin().api(), e, error));
+  EXPECT_EQ(error.code(), KEEL_ERRC_INVALID_ARGUMENT);
+  EXPECT_EQ(a.out, nullptr);
+  EXPECT_EQ(a.lse, nullptr);
+  EXPECT_EQ(a.served_backend, 0);
+}
+
+// A plugin writes only inside the caller's struct: the bytes after it (its
+// tail padding and beyond) keep the caller's canary on success and error.
+TEST(CApiConformance, OutputsStayInsideTheCallersStruct) {
+  const at::Tensor x = randn({2, 5}, at::kFloat);
+  CTensor cx = dl(x);
+  struct {
+    KEEL_Logsumexp_Args args;
+    unsigned char canary[64];
+  } call;
+  std::memset(&call, 0xa5, sizeof call);
+  std::memset(&call.args, 0, KEEL_Logsumexp_Args_STRUCT_SIZE);
+  call.args.struct_size = KEEL_Logsumexp_Args_STRUCT_SIZE;
+  call.args.input = cx.get();
+  call.args.dim = 1;
+  ASSERT_EQ(plugin().api()->KEEL_Logsumexp(&call.args), nullptr);
+  CTensor value = CTensor::adopt(call.args.value);
+  EXPECT_TRUE(bitwise(from(value), at::logsumexp(x, 1)));
+  const auto* bytes = reinterpret_cast<const unsigned char*>(&call);
+  for (std::size_t i = KEEL_Logsumexp_Args_STRUCT_SIZE; i < sizeof call; ++i) {
+    ASSERT_EQ(bytes[i], 0xa5) << "byte " << i << " past the caller's struct was written";
+  }
+}
+
+// The mechanism behind it (plugin/common.h): an output whose field an
+// older caller's struct does not have is freed, not written; the others are
+// handed over together at commit, and freed when the call fails first.
+TEST(CApiConformance, OutputsAreHandedOverOnlyWhereTheCallerHasTheField) {
+  struct Args {
+    std::size_t struct_size;
+    DLManagedTensorVersioned* first;
+    std::int32_t code;
+    DLManagedTensorVersioned* appended;  // a field a later minor added
+  };
+  int freed = 0;
+  struct Owned {
+    DLManagedTensorVersioned managed{};
+    int* freed;
+  };
+  const auto make = [&freed] {
+    auto* o = new Owned{};
+    o->freed = &freed;
+    o->managed.manager_ctx = o;
+    o->managed.deleter = [](DLManagedTensorVersioned* self) {
+      auto* owner = static_cast<Owned*>(self->manager_ctx);
+      ++*owner->freed;
+      delete owner;
+    };
+    return &o->managed;
+  };
+  Args older{};
+  older.struct_size = offsetof(Args, appended);  // built before `appended` existed
+  older.code = 7;
+  {
+    c_api::Outputs<Args> out(&older, &Args::first, &Args::code, &Args::appended);
+    EXPECT_EQ(older.code, 0);  // zeroed at entry, inside the struct
+    out.tensor(&Args::first, make());
+    out.tensor(&Args::appended, make());
+    out.set(&Args::code, 3);
+    EXPECT_EQ(older.first, nullptr);  // nothing is handed over before commit
+    out.commit();
+  }
+  EXPECT_EQ(freed, 1);  // `appended`: freed, never written
+  EXPECT_EQ(older.code, 3);
+  ASSERT_NE(older.first, nullptr);
+  older.first->deleter(older.first);
+  EXPECT_EQ(freed, 2);
+  Args failed{};
+  failed.struct_size = sizeof failed;
+  {
+    c_api::Outputs<Args> out(&failed, &Args::first, &Args::code, &Args::appended);
+    out.tensor(&Args::first, make());
+    out.tensor(&Args::appended, make());
+  }  // no commit: the call failed
+  EXPECT_EQ(freed, 4);
+  EXPECT_EQ(failed.first, nullptr);
+  EXPECT_EQ(failed.appended, nullptr);
+}
+
+// Destroy and abort read their struct's size too: a struct too small is an
+// error value, and the handle is left alone.
+TEST(CApiConformance, DestroyAndAbortReadTheirSize) {
+  const KEEL_Api* api = plugin().api();
+  KEEL_Comm_Destroy_Args destroy{};
+  destroy.struct_size = 4;
+  keel::c::Error error;
+  ASSERT_TRUE(keel::c::take_error(api, api->KEEL_Comm_Destroy(&destroy), error));
+  EXPECT_EQ(error.code(), KEEL_ERRC_INVALID_ARGUMENT);
+  EXPECT_NE(error.message().find("struct_size"), std::string::npos) << error.message();
+  KEEL_Work_Destroy_Args work{};
+  work.struct_size = 4;
+  ASSERT_TRUE(keel::c::take_error(api, api->KEEL_Work_Destroy(&work), error));
+  EXPECT_EQ(error.code(), KEEL_ERRC_INVALID_ARGUMENT);
+  KEEL_Comm_Abort_Args abort_args{};
+  abort_args.struct_size = 4;
+  ASSERT_TRUE(keel::c::take_error(api, api->KEEL_Comm_Abort(&abort_args), error));
+  EXPECT_EQ(error.code(), KEEL_ERRC_INVALID_ARGUMENT);
+  ASSERT_TRUE(keel::c::take_error(api, api->KEEL_Comm_Destroy(nullptr), error));
+  EXPECT_EQ(error.code(), KEEL_ERRC_INVALID_ARGUMENT);
+  auto none = keel::c::make_args<KEEL_Comm_Destroy_Args>();  // a NULL handle: nothing to free
+  EXPECT_EQ(api->KEEL_Comm_Destroy(&none), nullptr);
 }
 
 struct BadCall {
@@ -581,14 +732,14 @@ INSTANTIATE_TEST_SUITE_P(
                 KEEL_ERRC_INVALID_ARGUMENT, "options.reduction"},
         BadCall{"collective_without_comm",
                 [](const KEEL_Api* api, CTensor& x) {
-                  KEEL_Comm_Collective_Args a = keel::c::make_args<KEEL_Comm_Collective_Args>();
+                  auto a = keel::c::make_args<KEEL_Comm_AllReduce_Args>();
                   a.tensor = x.get();
-                  return api->KEEL_Comm_Collective(&a);
+                  return api->KEEL_Comm_AllReduce(&a);
                 },
                 KEEL_ERRC_INVALID_ARGUMENT, "comm is NULL"},
         BadCall{"comm_bad_backend",
                 [](const KEEL_Api* api, CTensor&) {
-                  KEEL_Comm_Create_Args a = keel::c::Plugin::comm_options();
+                  auto a = keel::c::make_args<KEEL_Comm_Create_Args>();
                   a.backend = 5;
                   return api->KEEL_Comm_Create(&a);
                 },
@@ -621,23 +772,20 @@ struct CompatService {
   at::Tensor logits, ids;
 };
 
-std::int32_t compat_function(void* user, const char* /*id*/, const KEEL_NamedTensor* inputs,
-                             std::size_t num_inputs, KEEL_NamedTensor* outputs,
-                             std::size_t capacity, std::size_t* count, char* error,
-                             std::size_t error_capacity) {
-  auto& s = *static_cast<CompatService*>(user);
+std::int32_t compat_function(KEEL_Compat_Function_Args* args) {
+  auto& s = *static_cast<CompatService*>(args->user_data);
   if (s.fail != KEEL_ERRC_OK) {
-    std::snprintf(error, error_capacity, "the service says no");
+    std::snprintf(args->error, args->error_capacity, "the service says no");
     return s.fail;
   }
-  if (num_inputs != 1 || capacity < 2) return KEEL_ERRC_INVALID_ARGUMENT;
-  const at::Tensor x = c_api::from_dlpack(inputs[0].tensor, "x").value();
+  if (args->num_inputs != 1 || args->output_capacity < 2) return KEEL_ERRC_INVALID_ARGUMENT;
+  const at::Tensor x = c_api::from_dlpack(args->inputs[0].tensor, "x").value();
   s.logits = (x * 2).to(at::kBFloat16);
   s.ids = at::arange(998, 1002, at::kLong);
   s.ids[2] += s.bump;
-  outputs[0] = {"logits", at::toDLPackVersioned(s.logits)};
-  outputs[1] = {"ids", at::toDLPackVersioned(s.ids)};
-  *count = 2;
+  args->outputs[0] = {"logits", at::toDLPackVersioned(s.logits)};
+  args->outputs[1] = {"ids", at::toDLPackVersioned(s.ids)};
+  args->num_outputs = 2;
   return KEEL_ERRC_OK;
 }
 

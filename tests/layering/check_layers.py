@@ -37,12 +37,20 @@ PROBES = {
                       ["compat/compat_adapter.h", "native/native_adapter.h"]),
     "keel_core": (["masked_logsumexp.h", "attention_mask.h", "accumulation.h", "flash_plan.h",
                    "c10d_backends.h", "compat/compat_adapter.h", "golden.h", "engine/golden.h",
-                   "suite/suite.h"],
+                   "suite/suite.h", "common.h", "dlpack_bridge.h", "plugin/common.h",
+                   "c_api/plugin/common.h"],
                   ["dispatch/comm.h", "dispatch/capability.h", "keel/v1/dtype.h",
                    "comm/liveness.h"]),
     "keel_compat_engine": (["suite/suite.h", "suite.h", "record_compare.h", "validate.h",
                             "dispatcher.h", "dispatch/capability.h", "attention_mask.h"],
                            ["safetensors.h", "keel/v1/compat.h"]),
+    "keel_c_api": (["validate.h", "dispatcher.h", "guard.h", "attention_mask.h",
+                    "c10d/c10d_backends.h", "compat/compat_adapter.h", "comm/liveness.h",
+                    "engine/golden.h", "suite/suite.h"],
+                   ["keel/keel.h", "keel/c/keel.h", "dlpack/dlpack.h"]),
+    "keel_loader": (["ATen/ATen.h", "validate.h", "dispatcher.h", "plugin/common.h",
+                     "common.h", "dlpack_bridge.h"],
+                    ["keel/c/loader.h", "dlpack/dlpack.h"]),
     "keel_compat_suite": (["validate.h", "dispatcher.h", "dispatch/capability.h",
                            "attention_mask.h", "c10d_backends.h", "golden.h"],
                           ["engine/golden.h", "suite/rank_workers.h"]),
@@ -64,9 +72,9 @@ def include_flags(command):
     return flags
 
 
-def preprocess(cxx, flags, header):
+def preprocess(cxx, flags, header, language="c++"):
     text = f'#include "{header}"\n'
-    return subprocess.run([cxx, "-E", "-x", "c++", "-o", "/dev/null", *flags, "-"],
+    return subprocess.run([cxx, "-E", "-x", language, "-o", "/dev/null", *flags, "-"],
                           input=text, capture_output=True, text=True, timeout=120)
 
 
@@ -90,8 +98,9 @@ def main():
         entry = match[0]
         command = entry.get("command") or shlex.join(entry["arguments"])
         flags = include_flags(command)
+        language = "c" if source.endswith(".c") else "c++"  # the loader is C
         for header in forbidden:
-            r = preprocess(cxx, flags, header)
+            r = preprocess(cxx, flags, header, language)
             # GCC: "No such file or directory"; clang: "file not found".
             refused = r.returncode != 0 and ("No such file" in r.stderr or
                                              "file not found" in r.stderr)
@@ -99,7 +108,7 @@ def main():
             if not refused:
                 failures.append(f"{layer} may include {header}: a layering slip compiles")
         for header in permitted:
-            r = preprocess(cxx, flags, header)
+            r = preprocess(cxx, flags, header, language)
             print(f"{layer}: #include \"{header}\" -> {'found' if r.returncode == 0 else 'REFUSED'}")
             if r.returncode != 0:
                 failures.append(f"{layer} cannot include {header}, which it has a right to:\n"

@@ -1,5 +1,5 @@
 /// @file keel/c/keel.h
-/// @brief keel's C ABI: one service binary for every supported libtorch
+/// @brief keel's C ABI 1.0: one service binary for every supported libtorch
 /// release.
 ///
 /// A service compiled against this header (and DLPack's `dlpack.h`, its only
@@ -7,41 +7,62 @@
 /// loader (`keel/c/loader.h`) opens the plugin built for the libtorch the
 /// process uses, and every call goes through the function table it returns.
 /// No C++ type and no exception crosses; the header compiles as C11 and as
-/// C++17/20. `docs/c-api.md` is the manual.
+/// C++17/20. `docs/c-api.md` is the manual; what follows is the contract.
 ///
-/// The rules, after PJRT's C API (openxla `pjrt_c_api.h`):
+/// What 1.0 promises, after PJRT's C API (openxla `pjrt_c_api.h`):
 /// - **One entry point.** A plugin exports `keel_plugin_get_api()`
 ///   (`KEEL_PLUGIN_ENTRY_POINT`), which returns a `KEEL_Api`: a table of
 ///   function pointers that only grows (new functions are appended).
-/// - **Size first.** Every argument struct starts with `struct_size`; set it
-///   with `KEEL_STRUCT_SIZE(type, last_field)` or `sizeof`. A plugin reads
-///   only the fields that both it and the caller know: an older (smaller)
-///   struct leaves the newer fields at their defaults, a newer (larger) one
-///   has its extra fields ignored. A struct smaller than its first release's
-///   is `KEEL_ERRC_INVALID_ARGUMENT`.
-/// - **Versions.** `KEEL_C_API_MAJOR` changes when a function or field is
-///   removed, retyped or moved (a loader refuses a plugin of another major);
-///   `KEEL_C_API_MINOR` when a function or field is appended. A caller that
-///   needs a function of minor N checks `api_version.minor >= N` (or the
-///   table's `struct_size`) before calling it. The first three fields of
+/// - **Versions.** A service built against 1.0 runs on every later plugin
+///   of major 1. `KEEL_C_API_MINOR` grows when a function or field is
+///   appended; `KEEL_C_API_MAJOR` would change only if one were removed,
+///   retyped or moved, and a loader refuses a plugin of another major. A
+///   caller that needs a function of minor N checks `api_version.minor >= N`
+///   (or the table's `struct_size`) first. The first three fields of
 ///   `KEEL_Api` (the bootstrap) never change, in any major.
-/// - **Extensions.** Optional features hang off `extension_start` as a chain
-///   of `KEEL_Extension_Base`, each typed and sized; a caller checks the
-///   type and size before use. None is defined in 0.1.
+/// - **Sizes.** Every argument struct starts with `size_t struct_size`: set
+///   it to `<struct>_STRUCT_SIZE` (this header's size). A plugin reads only
+///   the fields both it and the caller know: an older caller's struct leaves
+///   fields appended since at their defaults, a newer caller's extra fields
+///   are ignored, and a struct smaller than `<struct>_MIN_SIZE` (its first
+///   release's) is `KEEL_ERRC_INVALID_ARGUMENT`. Both sizes are defined once,
+///   beside each struct (`KEEL_DEFINE_STRUCT_TRAITS`). A struct with no
+///   `struct_size` (`KEEL_NamedTensor`, `KEEL_Api_Version`) is frozen: its
+///   size and fields never change.
+/// - **Defaults.** A zeroed struct with its `struct_size` set is the
+///   defaults, always: every field is defined so that 0 is its default, and
+///   a value whose 0 is meaningful comes with a `has_` flag
+///   (`has_ignore_index`).
+/// - **Outputs.** Fields marked "Out" are written by the plugin, and only
+///   those the caller's `struct_size` covers: a plugin never writes past the
+///   caller's struct. On success each tensor or handle output is the
+///   caller's. On error every output field is zero (NULL), and nothing was
+///   handed over: a call either gives all its outputs or none.
 /// - **Errors.** A call returns NULL on success or a `KEEL_Error*` that the
 ///   caller owns and frees with `KEEL_Error_Destroy`; it carries keel's
 ///   `Errc` (`KEEL_Errc`, the same values as `keel::Errc`) and a message
 ///   naming the argument. Bad input, including a NULL pointer, a tensor of
 ///   the wrong dtype or a struct too small, is an error value, never a
-///   crash.
+///   crash. Destroy and abort calls take sized arguments too, and return an
+///   error for a struct too small (`KEEL_Error_Destroy` then frees nothing).
+/// - **Threads.** Every function may be called from any thread, and
+///   concurrently: the compute calls (attention, logsumexp, the loss) share
+///   no state between calls. A communicator's collectives follow
+///   `keel::comm`'s rule: every rank issues them in the same order; calls
+///   on one communicator from several threads must be ordered by the
+///   caller. A handle must not be destroyed while a call uses it.
+/// - **Extensions.** Optional features hang off `extension_start` as a chain
+///   of `KEEL_Extension_Base`, each typed and sized; a plugin ignores a type
+///   it does not know. None is defined in 1.0.
 ///
 /// Tensors cross as DLPack 1.x `DLManagedTensorVersioned`:
-/// - **Inputs are borrowed.** The plugin reads them in place (no copy but the
-///   one "Any layout" names) for the duration of the call and never calls
-///   their deleter; the caller keeps them alive until the call returns. keel
-///   never writes an input, so an input flagged
+/// - **Inputs are borrowed**, and `const`. The plugin reads them in place
+///   (no copy but the one "Any layout" names) for the duration of the call
+///   and never calls their deleter; the caller keeps them alive until the
+///   call returns. keel never writes an input, so an input flagged
 ///   `DLPACK_FLAG_BITMASK_READ_ONLY` is fine anywhere. An input of another
-///   DLPack major version is `KEEL_ERRC_INVALID_ARGUMENT`.
+///   DLPack major version is `KEEL_ERRC_INVALID_ARGUMENT`. The tensors a
+///   collective writes in place are the only non-`const` tensor arguments.
 /// - **Any layout.** An input may have any non-negative `strides` (NULL for
 ///   compact row-major), a `byte_offset`, stride 0 for a broadcast
 ///   dimension, or a zero-size dimension: the plugin reads it as keel::v1
@@ -61,20 +82,22 @@
 ///   makes it current on the tensors' device, so its work follows what the
 ///   caller queued there, and its outputs are ready in that stream's order
 ///   when it returns; NULL is libtorch's current stream. It must be NULL for
-///   CPU tensors (`KEEL_ERRC_INVALID_ARGUMENT`) and for a collective, which
-///   c10d orders after the work queued on its tensors' current stream.
+///   CPU tensors (`KEEL_ERRC_INVALID_ARGUMENT`). Collectives take no stream:
+///   c10d orders them after the work queued on their tensors' current
+///   stream.
 ///
-/// What crosses in 0.1: build information and typed capabilities; attention
+/// What crosses in 1.0: build information and typed capabilities; attention
 /// forward with every mask and modifier, its explicit backward (no autograd
 /// graph crosses a C boundary, as in FlashAttention's API) and the paged-cache
-/// call, also over packed ragged queries; logsumexp; linear cross-entropy forward and
-/// forward+backward, also vocabulary-parallel; the communicator (created by environment, URL or
-/// options; every collective, sync and async with bounded waits; abort,
-/// reform, rejoin, split); and `keel::compat` record/compare over C
-/// callbacks. Left out, with the reason: the flight recorder's dump and
-/// `dedicated()` (diagnostics and a tuning aid, reachable through keel::v1;
-/// they add no capability a service needs to run), and `DispatchInfo`'s
-/// reason text (the served backend crosses as a value).
+/// call, also over packed ragged queries; logsumexp; linear cross-entropy
+/// forward and forward+backward, also vocabulary-parallel; the communicator
+/// (created by environment, URL or options; each collective its own call,
+/// sync or async with bounded waits; abort, reform, rejoin, split); and
+/// `keel::compat` record/compare over C callbacks. Left out, with the reason:
+/// the flight recorder's dump and `dedicated()` (diagnostics and a tuning
+/// aid, reachable through keel::v1; they add no capability a service needs
+/// to run), and `DispatchInfo`'s reason text (the served backend crosses as
+/// a value).
 // A C header: clang-tidy's C++ checks (using over typedef, <cstdint>) do
 // not apply to it.
 // NOLINTBEGIN
@@ -92,17 +115,27 @@ extern "C" {
 
 /// The C ABI's major version: a plugin and a loader of different majors
 /// refuse each other.
-#define KEEL_C_API_MAJOR 0
+#define KEEL_C_API_MAJOR 1
 /// The C ABI's minor version: appended functions and fields.
-#define KEEL_C_API_MINOR 1
+#define KEEL_C_API_MINOR 0
 
 /// The symbol every plugin exports (`const KEEL_Api* keel_plugin_get_api(void)`).
 #define KEEL_PLUGIN_ENTRY_POINT "keel_plugin_get_api"
 
-/// The size of `type` up to and including `last_field`: what a caller of an
-/// older header would put in `struct_size`.
+/// The size of `type` up to and including `last_field`.
 #define KEEL_STRUCT_SIZE(type, last_field) \
   (offsetof(type, last_field) + sizeof(((type*)0)->last_field))
+
+/// Defines, once beside a struct, `<type>_MIN_SIZE` (through `first_last_field`,
+/// the last field of the struct's first release: a plugin refuses a smaller
+/// `struct_size`) and `<type>_STRUCT_SIZE` (through `last_field`, this
+/// header's: what a caller sets). A later minor that appends a field moves
+/// `last_field` only.
+#define KEEL_DEFINE_STRUCT_TRAITS(type, first_last_field, last_field) \
+  enum {                                                              \
+    type##_MIN_SIZE = (int)KEEL_STRUCT_SIZE(type, first_last_field),  \
+    type##_STRUCT_SIZE = (int)KEEL_STRUCT_SIZE(type, last_field)      \
+  }
 
 /// keel's error codes, the values of `keel::Errc`.
 typedef enum KEEL_Errc {
@@ -128,22 +161,26 @@ typedef enum KEEL_Backend {
 /// An error: opaque, owned by the caller, freed with `KEEL_Error_Destroy`.
 typedef struct KEEL_Error KEEL_Error;
 /// A communicator (`keel::comm::Communicator`): opaque, freed with
-/// `KEEL_Comm_Destroy`. Its calls may come from several threads, as v1's.
+/// `KEEL_Comm_Destroy`.
 typedef struct KEEL_Comm KEEL_Comm;
+/// An asynchronous collective in flight: opaque, freed with `KEEL_Work_Destroy`.
+typedef struct KEEL_Work KEEL_Work;
 
 /// The head of every extension in a chain.
 typedef struct KEEL_Extension_Base {
   size_t struct_size;                ///< The extension's size.
-  uint32_t type;                     ///< Which extension (none defined in 0.1).
+  uint32_t type;                     ///< Which extension (none defined in 1.0).
   struct KEEL_Extension_Base* next;  ///< The next in the chain, or NULL.
 } KEEL_Extension_Base;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Extension_Base, next, next);
 
-/// A version of the C ABI.
+/// A version of the C ABI. Embedded in `KEEL_Api`: frozen, never grows.
 typedef struct KEEL_Api_Version {
-  size_t struct_size;  ///< `KEEL_STRUCT_SIZE(KEEL_Api_Version, minor)`.
+  size_t struct_size;  ///< `KEEL_Api_Version_STRUCT_SIZE`.
   uint32_t major;      ///< `KEEL_C_API_MAJOR` the plugin was built with.
   uint32_t minor;      ///< `KEEL_C_API_MINOR` the plugin was built with.
 } KEEL_Api_Version;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Api_Version, minor, minor);
 
 // ---------------------------------------------------------------- errors
 
@@ -153,7 +190,9 @@ typedef struct KEEL_Error_Destroy_Args {
   KEEL_Extension_Base* extension_start;  ///< Extensions, or NULL.
   KEEL_Error* error;                     ///< The error to free; NULL is a no-op.
 } KEEL_Error_Destroy_Args;
-/// Frees an error.
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Error_Destroy_Args, error, error);
+/// Frees an error (nothing, when `args` is NULL or too small: an error has
+/// nowhere to go).
 typedef void KEEL_Error_Destroy_Fn(KEEL_Error_Destroy_Args* args);
 
 /// Arguments of `KEEL_Error_Message`.
@@ -164,7 +203,9 @@ typedef struct KEEL_Error_Message_Args {
   const char* message;                   ///< Out: NUL-terminated, alive as long as `error`.
   size_t message_size;                   ///< Out: its length without the NUL.
 } KEEL_Error_Message_Args;
-/// The error's message, which names the call and the argument.
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Error_Message_Args, message_size, message_size);
+/// The error's message, which names the call and the argument ("" for a
+/// NULL error; nothing is written when `args` is NULL or too small).
 typedef void KEEL_Error_Message_Fn(KEEL_Error_Message_Args* args);
 
 /// Arguments of `KEEL_Error_GetCode`.
@@ -174,7 +215,9 @@ typedef struct KEEL_Error_GetCode_Args {
   const KEEL_Error* error;               ///< The error.
   int32_t code;                          ///< Out: a `KEEL_Errc`.
 } KEEL_Error_GetCode_Args;
-/// The error's code.
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Error_GetCode_Args, code, code);
+/// The error's code (`KEEL_ERRC_OK` for a NULL error; nothing is written
+/// when `args` is NULL or too small).
 typedef void KEEL_Error_GetCode_Fn(KEEL_Error_GetCode_Args* args);
 
 // ---------------------------------------------------------------- plugin
@@ -187,11 +230,12 @@ typedef struct KEEL_Plugin_Info_Args {
   const char* keel_version;              ///< Out: keel's version, "0.6.0".
   const char* torch_release;             ///< Out: the libtorch release it was built on, "2.15.0".
   const char* torch_loaded;              ///< Out: the release of the libtorch loaded now
-                                         ///< (its version file), "" when it cannot be read.
+                                         ///< (from `aoti_torch_abi_version()`).
   uint64_t torch_abi_version;   ///< Out: `aoti_torch_abi_version()` of the loaded libtorch.
   const char* flavour;          ///< Out: "cpu", or the CUDA flavour ("cu132").
   const char* build_info_json;  ///< Out: `keel-info --json` of the plugin.
 } KEEL_Plugin_Info_Args;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Plugin_Info_Args, build_info_json, build_info_json);
 /// What the plugin is and which libtorch it runs on.
 typedef KEEL_Error* KEEL_Plugin_Info_Fn(KEEL_Plugin_Info_Args* args);
 
@@ -200,7 +244,7 @@ typedef enum KEEL_Operation {
   KEEL_OPERATION_ATTENTION = 0,             ///< `KEEL_Attention_*`.
   KEEL_OPERATION_LINEAR_CROSS_ENTROPY = 1,  ///< `KEEL_LinearCrossEntropy_*`.
   KEEL_OPERATION_LOGSUMEXP = 2,             ///< `KEEL_Logsumexp`.
-  KEEL_OPERATION_COMM = 3,                  ///< The communicator (served by keel::v1 only in 0.1).
+  KEEL_OPERATION_COMM = 3,                  ///< The communicator (served by keel::v1).
 } KEEL_Operation;
 
 /// Arguments of `KEEL_Capability_Query`.
@@ -214,6 +258,7 @@ typedef struct KEEL_Capability_Query_Args {
   int32_t supported;                     ///< Out: 1 when some adapter serves it, else 0.
   const char* adapter;  ///< Out: the adapter that does ("compat", "native"), or "".
 } KEEL_Capability_Query_Args;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Capability_Query_Args, adapter, adapter);
 /// Whether this plugin serves `operation` for `dtype` on `device_type`: the
 /// same capability values that `keel-info` prints and dispatch obeys.
 typedef KEEL_Error* KEEL_Capability_Query_Fn(KEEL_Capability_Query_Args* args);
@@ -241,61 +286,67 @@ typedef enum KEEL_Alignment {
 /// One mask term (`keel::Mask`); the fields a kind reads are named there,
 /// the others are ignored. Tensors are borrowed inputs.
 typedef struct KEEL_Mask {
-  size_t struct_size;                                ///< This struct's size.
-  int32_t kind;                                      ///< A `KEEL_MaskKind`.
-  int32_t alignment;                                 ///< A `KEEL_Alignment` (position-based kinds).
-  int64_t window_left;                               ///< sliding_window, >= 0.
-  int64_t window_right;                              ///< sliding_window, >= 0.
-  int64_t chunk_size;                                ///< chunked_causal, > 0.
-  struct DLManagedTensorVersioned* prefix_lengths;   ///< prefix_lm: integer `[B]`.
-  struct DLManagedTensorVersioned* q_document_ids;   ///< document: integer `[B, Lq]`.
-  struct DLManagedTensorVersioned* kv_document_ids;  ///< document: integer `[B, Lk]`.
-  struct DLManagedTensorVersioned* kv_lengths;       ///< key_padding: integer `[B]`.
-  struct DLManagedTensorVersioned* kv_num_blocks;    ///< block: int32 `[B|1, Hq|1, Qb]`.
-  struct DLManagedTensorVersioned* kv_indices;       ///< block: int32 `[B|1, Hq|1, Qb, KVb]`.
-  struct DLManagedTensorVersioned*
-      full_kv_num_blocks;                            ///< block, optional: int32 `[B|1, Hq|1, Qb]`.
-  struct DLManagedTensorVersioned* full_kv_indices;  ///< block, optional: int32 `[..., Qb, KVb']`.
-  int64_t q_block_size;                              ///< block: query rows per block; 0 means 128.
-  int64_t kv_block_size;                             ///< block: keys per block; 0 means 128.
-  struct DLManagedTensorVersioned* tensor;  ///< tensor: bool, broadcastable to `[B, Hq, Lq, Lk]`.
+  size_t struct_size;                    ///< This struct's size.
+  KEEL_Extension_Base* extension_start;  ///< Extensions, or NULL.
+  int32_t kind;                          ///< A `KEEL_MaskKind`.
+  int32_t alignment;                     ///< A `KEEL_Alignment` (default top-left).
+  int64_t window_left;                   ///< sliding_window, >= 0.
+  int64_t window_right;                  ///< sliding_window, >= 0.
+  int64_t chunk_size;                    ///< chunked_causal, > 0.
+  const struct DLManagedTensorVersioned* prefix_lengths;   ///< prefix_lm: integer `[B]`.
+  const struct DLManagedTensorVersioned* q_document_ids;   ///< document: integer `[B, Lq]`.
+  const struct DLManagedTensorVersioned* kv_document_ids;  ///< document: integer `[B, Lk]`.
+  const struct DLManagedTensorVersioned* kv_lengths;       ///< key_padding: integer `[B]`.
+  const struct DLManagedTensorVersioned* kv_num_blocks;    ///< block: int32 `[B|1, Hq|1, Qb]`.
+  const struct DLManagedTensorVersioned* kv_indices;       ///< block: int32 `[B|1, Hq|1, Qb, KVb]`.
+  const struct DLManagedTensorVersioned*
+      full_kv_num_blocks;  ///< block, optional: int32 `[B|1, Hq|1, Qb]`.
+  const struct DLManagedTensorVersioned*
+      full_kv_indices;                            ///< block, optional: int32 `[..., Qb, KVb']`.
+  int64_t q_block_size;                           ///< block: query rows per block; 0 means 128.
+  int64_t kv_block_size;                          ///< block: keys per block; 0 means 128.
+  const struct DLManagedTensorVersioned* tensor;  ///< tensor: bool, broadcastable to
+                                                  ///< `[B, Hq, Lq, Lk]`.
 } KEEL_Mask;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Mask, tensor, tensor);
 
 /// What attention computes (`keel::AttentionSpec`). A NULL spec, or a
 /// zeroed one with its `struct_size` set, is plain softmax attention with
 /// scale 1/sqrt(E).
 typedef struct KEEL_AttentionSpec {
-  size_t struct_size;                             ///< This struct's size.
-  KEEL_Extension_Base* extension_start;           ///< Extensions, or NULL.
-  const KEEL_Mask* const* masks;                  ///< `num_masks` terms (each sized by its own
-                                                  ///< `struct_size`), or NULL.
-  size_t num_masks;                               ///< How many terms.
-  int32_t combine_any;                            ///< 0: a key is visible when every term keeps it;
-                                                  ///< 1: when any does.
-  double scale;                                   ///< <= 0 means 1/sqrt(E).
-  double softcap;                                 ///< tanh soft-capping; 0 is off.
-  struct DLManagedTensorVersioned* alibi_slopes;  ///< Optional float `[Hq]`.
-  int32_t alibi_alignment;                        ///< A `KEEL_Alignment` for ALiBi.
-  struct DLManagedTensorVersioned* bias;          ///< Optional additive bias, broadcastable to
-                                                  ///< `[B, Hq, Lq, Lk]`, q's dtype.
-  int32_t backend;                                ///< A `KEEL_Backend`.
+  size_t struct_size;                    ///< This struct's size.
+  KEEL_Extension_Base* extension_start;  ///< Extensions, or NULL.
+  const KEEL_Mask* const* masks;         ///< `num_masks` terms (each sized by its own
+                                         ///< `struct_size`), or NULL.
+  size_t num_masks;                      ///< How many terms.
+  int32_t combine_any;                   ///< 0: a key is visible when every term keeps it;
+                                         ///< 1: when any does.
+  double scale;                          ///< <= 0 means 1/sqrt(E).
+  double softcap;                        ///< tanh soft-capping; 0 is off.
+  const struct DLManagedTensorVersioned* alibi_slopes;  ///< Optional float `[Hq]`.
+  int32_t alibi_alignment;                              ///< A `KEEL_Alignment` for ALiBi.
+  const struct DLManagedTensorVersioned* bias;  ///< Optional additive bias, broadcastable to
+                                                ///< `[B, Hq, Lq, Lk]`, q's dtype.
+  int32_t backend;                              ///< A `KEEL_Backend`.
 } KEEL_AttentionSpec;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_AttentionSpec, backend, backend);
 
 /// Arguments of `KEEL_Attention_Forward`.
 typedef struct KEEL_Attention_Forward_Args {
-  size_t struct_size;                    ///< This struct's size.
-  KEEL_Extension_Base* extension_start;  ///< Extensions, or NULL.
-  struct DLManagedTensorVersioned* q;    ///< `[B, Hq, Lq, E]`.
-  struct DLManagedTensorVersioned* k;    ///< `[B, Hkv, Lk, E]`, Hq % Hkv == 0.
-  struct DLManagedTensorVersioned* v;    ///< `[B, Hkv, Lk, Ev]`.
-  const KEEL_AttentionSpec* spec;        ///< The masks and modifiers, or NULL.
-  int32_t return_lse;                    ///< Nonzero: also return `lse`.
-  void* stream;                          ///< The CUDA stream; NULL for CPU tensors.
-  struct DLManagedTensorVersioned* out;  ///< Out: `[B, Hq, Lq, Ev]`, q's dtype.
-  struct DLManagedTensorVersioned* lse;  ///< Out: `[B, Hq, Lq]` float32 (float64 for
-                                         ///< float64), when `return_lse`; else NULL.
-  int32_t served_backend;                ///< Out: the `KEEL_Backend` that served it.
+  size_t struct_size;                        ///< This struct's size.
+  KEEL_Extension_Base* extension_start;      ///< Extensions, or NULL.
+  const struct DLManagedTensorVersioned* q;  ///< `[B, Hq, Lq, E]`.
+  const struct DLManagedTensorVersioned* k;  ///< `[B, Hkv, Lk, E]`, Hq % Hkv == 0.
+  const struct DLManagedTensorVersioned* v;  ///< `[B, Hkv, Lk, Ev]`.
+  const KEEL_AttentionSpec* spec;            ///< The masks and modifiers, or NULL.
+  int32_t return_lse;                        ///< Nonzero: also return `lse`.
+  void* stream;                              ///< The CUDA stream; NULL for CPU tensors.
+  struct DLManagedTensorVersioned* out;      ///< Out: `[B, Hq, Lq, Ev]`, q's dtype.
+  struct DLManagedTensorVersioned* lse;      ///< Out: `[B, Hq, Lq]` float32 (float64 for
+                                             ///< float64), when `return_lse`; else NULL.
+  int32_t served_backend;                    ///< Out: the `KEEL_Backend` that served it.
 } KEEL_Attention_Forward_Args;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Attention_Forward_Args, served_backend, served_backend);
 /// `keel::attention(q, k, v, spec)`: the same numbers, bitwise, as the C++
 /// call of the same plugin's release. Every trap of `keel/v1/attention.h`
 /// holds (fully masked rows give 0 and lse -inf).
@@ -303,61 +354,64 @@ typedef KEEL_Error* KEEL_Attention_Forward_Fn(KEEL_Attention_Forward_Args* args)
 
 /// Arguments of `KEEL_Attention_Backward`.
 typedef struct KEEL_Attention_Backward_Args {
-  size_t struct_size;                      ///< This struct's size.
-  KEEL_Extension_Base* extension_start;    ///< Extensions, or NULL.
-  struct DLManagedTensorVersioned* q;      ///< As the forward's.
-  struct DLManagedTensorVersioned* k;      ///< As the forward's.
-  struct DLManagedTensorVersioned* v;      ///< As the forward's.
-  const KEEL_AttentionSpec* spec;          ///< As the forward's.
-  struct DLManagedTensorVersioned* dout;   ///< The gradient of `out`, `[B, Hq, Lq, Ev]`.
-  void* stream;                            ///< The CUDA stream; NULL for CPU tensors.
-  struct DLManagedTensorVersioned* dq;     ///< Out: `[B, Hq, Lq, E]`.
-  struct DLManagedTensorVersioned* dk;     ///< Out: `[B, Hkv, Lk, E]`.
-  struct DLManagedTensorVersioned* dv;     ///< Out: `[B, Hkv, Lk, Ev]`.
-  struct DLManagedTensorVersioned* dbias;  ///< Out: bias's shape, when the spec has a bias.
+  size_t struct_size;                           ///< This struct's size.
+  KEEL_Extension_Base* extension_start;         ///< Extensions, or NULL.
+  const struct DLManagedTensorVersioned* q;     ///< As the forward's.
+  const struct DLManagedTensorVersioned* k;     ///< As the forward's.
+  const struct DLManagedTensorVersioned* v;     ///< As the forward's.
+  const KEEL_AttentionSpec* spec;               ///< As the forward's.
+  const struct DLManagedTensorVersioned* dout;  ///< The gradient of `out`, `[B, Hq, Lq, Ev]`.
+  void* stream;                                 ///< The CUDA stream; NULL for CPU tensors.
+  struct DLManagedTensorVersioned* dq;          ///< Out: `[B, Hq, Lq, E]`.
+  struct DLManagedTensorVersioned* dk;          ///< Out: `[B, Hkv, Lk, E]`.
+  struct DLManagedTensorVersioned* dv;          ///< Out: `[B, Hkv, Lk, Ev]`.
+  struct DLManagedTensorVersioned* dbias;       ///< Out: bias's shape, when the spec has a bias.
 } KEEL_Attention_Backward_Args;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Attention_Backward_Args, dbias, dbias);
 /// The gradients of `sum(out * dout)` with respect to q, k, v and the bias,
 /// as `keel::v1`'s autograd gives them. The plugin recomputes the forward
-/// (no forward state crosses the boundary in 0.1).
+/// (no forward state crosses the boundary in 1.0).
 typedef KEEL_Error* KEEL_Attention_Backward_Fn(KEEL_Attention_Backward_Args* args);
 
 /// Arguments of `KEEL_Attention_Paged`.
 typedef struct KEEL_Attention_Paged_Args {
-  size_t struct_size;                           ///< This struct's size.
-  KEEL_Extension_Base* extension_start;         ///< Extensions, or NULL.
-  struct DLManagedTensorVersioned* q;           ///< `[B, Hq, Lq, E]`.
-  struct DLManagedTensorVersioned* k_pages;     ///< `[P, Hkv, page_size, E]`.
-  struct DLManagedTensorVersioned* v_pages;     ///< `[P, Hkv, page_size, Ev]`.
-  struct DLManagedTensorVersioned* page_table;  ///< Integer `[B, max_pages]`.
-  struct DLManagedTensorVersioned* lengths;     ///< Integer `[B]`.
-  const KEEL_AttentionSpec* spec;               ///< Masks and modifiers (no block mask), or NULL.
-  int32_t return_lse;                           ///< Nonzero: also return `lse`.
-  void* stream;                                 ///< The CUDA stream; NULL for CPU tensors.
-  struct DLManagedTensorVersioned* out;         ///< Out: `[B, Hq, Lq, Ev]`.
-  struct DLManagedTensorVersioned* lse;         ///< Out: `[B, Hq, Lq]` when `return_lse`.
-  int32_t served_backend;                       ///< Out: the `KEEL_Backend` that served it.
+  size_t struct_size;                                 ///< This struct's size.
+  KEEL_Extension_Base* extension_start;               ///< Extensions, or NULL.
+  const struct DLManagedTensorVersioned* q;           ///< `[B, Hq, Lq, E]`.
+  const struct DLManagedTensorVersioned* k_pages;     ///< `[P, Hkv, page_size, E]`.
+  const struct DLManagedTensorVersioned* v_pages;     ///< `[P, Hkv, page_size, Ev]`.
+  const struct DLManagedTensorVersioned* page_table;  ///< Integer `[B, max_pages]`.
+  const struct DLManagedTensorVersioned* lengths;     ///< Integer `[B]`.
+  const KEEL_AttentionSpec* spec;        ///< Masks and modifiers (no block mask), or NULL.
+  int32_t return_lse;                    ///< Nonzero: also return `lse`.
+  void* stream;                          ///< The CUDA stream; NULL for CPU tensors.
+  struct DLManagedTensorVersioned* out;  ///< Out: `[B, Hq, Lq, Ev]`.
+  struct DLManagedTensorVersioned* lse;  ///< Out: `[B, Hq, Lq]` when `return_lse`.
+  int32_t served_backend;                ///< Out: the `KEEL_Backend` that served it.
 } KEEL_Attention_Paged_Args;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Attention_Paged_Args, served_backend, served_backend);
 /// `keel::attention(q, PagedKVCache{...}, spec)`: attention against a paged
 /// cache, pages read where they lie (an inference call).
 typedef KEEL_Error* KEEL_Attention_Paged_Fn(KEEL_Attention_Paged_Args* args);
 
 /// Arguments of `KEEL_Attention_PackedPaged`.
 typedef struct KEEL_Attention_PackedPaged_Args {
-  size_t struct_size;                             ///< This struct's size.
-  KEEL_Extension_Base* extension_start;           ///< Extensions, or NULL.
-  struct DLManagedTensorVersioned* q;             ///< `[T, Hq, E]`: every sequence's queries.
-  struct DLManagedTensorVersioned* cu_seqlens_q;  ///< Integer `[B + 1]` offsets into `q`.
-  struct DLManagedTensorVersioned* k_pages;       ///< `[P, Hkv, page_size, E]`.
-  struct DLManagedTensorVersioned* v_pages;       ///< `[P, Hkv, page_size, Ev]`.
-  struct DLManagedTensorVersioned* page_table;    ///< Integer `[B, max_pages]`.
-  struct DLManagedTensorVersioned* lengths;       ///< Integer `[B]`.
-  const KEEL_AttentionSpec* spec;                 ///< Masks and modifiers, or NULL.
-  int32_t return_lse;                             ///< Nonzero: also return `lse`.
-  void* stream;                                   ///< The CUDA stream; NULL for CPU tensors.
-  struct DLManagedTensorVersioned* out;           ///< Out: `[T, Hq, Ev]`.
-  struct DLManagedTensorVersioned* lse;           ///< Out: `[T, Hq]` when `return_lse`.
-  int32_t served_backend;                         ///< Out: the `KEEL_Backend` that served it.
+  size_t struct_size;                                   ///< This struct's size.
+  KEEL_Extension_Base* extension_start;                 ///< Extensions, or NULL.
+  const struct DLManagedTensorVersioned* q;             ///< `[T, Hq, E]`: every sequence's queries.
+  const struct DLManagedTensorVersioned* cu_seqlens_q;  ///< Integer `[B + 1]` offsets into `q`.
+  const struct DLManagedTensorVersioned* k_pages;       ///< `[P, Hkv, page_size, E]`.
+  const struct DLManagedTensorVersioned* v_pages;       ///< `[P, Hkv, page_size, Ev]`.
+  const struct DLManagedTensorVersioned* page_table;    ///< Integer `[B, max_pages]`.
+  const struct DLManagedTensorVersioned* lengths;       ///< Integer `[B]`.
+  const KEEL_AttentionSpec* spec;                       ///< Masks and modifiers, or NULL.
+  int32_t return_lse;                                   ///< Nonzero: also return `lse`.
+  void* stream;                                         ///< The CUDA stream; NULL for CPU tensors.
+  struct DLManagedTensorVersioned* out;                 ///< Out: `[T, Hq, Ev]`.
+  struct DLManagedTensorVersioned* lse;                 ///< Out: `[T, Hq]` when `return_lse`.
+  int32_t served_backend;                               ///< Out: the `KEEL_Backend` that served it.
 } KEEL_Attention_PackedPaged_Args;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Attention_PackedPaged_Args, served_backend, served_backend);
 /// `keel::attention(PackedQueries{q, cu_seqlens_q}, PagedKVCache{...}, spec)`:
 /// a serving step's ragged queries against their paged caches in one call.
 typedef KEEL_Error* KEEL_Attention_PackedPaged_Fn(KEEL_Attention_PackedPaged_Args* args);
@@ -366,16 +420,18 @@ typedef KEEL_Error* KEEL_Attention_PackedPaged_Fn(KEEL_Attention_PackedPaged_Arg
 
 /// Arguments of `KEEL_Logsumexp`.
 typedef struct KEEL_Logsumexp_Args {
-  size_t struct_size;                      ///< This struct's size.
-  KEEL_Extension_Base* extension_start;    ///< Extensions, or NULL.
-  struct DLManagedTensorVersioned* input;  ///< Floating input.
-  int64_t dim;                            ///< The reduced dimension (negative counts from the end).
-  int32_t keepdim;                        ///< Nonzero: keep it with size 1.
-  struct DLManagedTensorVersioned* mask;  ///< Optional bool, broadcastable to `input`.
-  int32_t backend;                        ///< A `KEEL_Backend`.
-  struct DLManagedTensorVersioned* value;  ///< Out: the log-sum-exp.
-  int32_t served_backend;                  ///< Out: the `KEEL_Backend` that served it.
+  size_t struct_size;                            ///< This struct's size.
+  KEEL_Extension_Base* extension_start;          ///< Extensions, or NULL.
+  const struct DLManagedTensorVersioned* input;  ///< Floating input.
+  int64_t dim;                                   ///< The reduced dimension (negative counts
+                                                 ///< from the end).
+  int32_t keepdim;                               ///< Nonzero: keep it with size 1.
+  const struct DLManagedTensorVersioned* mask;   ///< Optional bool, broadcastable to `input`.
+  int32_t backend;                               ///< A `KEEL_Backend`.
+  struct DLManagedTensorVersioned* value;        ///< Out: the log-sum-exp.
+  int32_t served_backend;                        ///< Out: the `KEEL_Backend` that served it.
 } KEEL_Logsumexp_Args;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Logsumexp_Args, served_backend, served_backend);
 /// `keel::logsumexp(input, {dim, keepdim, mask})`.
 typedef KEEL_Error* KEEL_Logsumexp_Fn(KEEL_Logsumexp_Args* args);
 
@@ -388,56 +444,62 @@ typedef enum KEEL_Reduction {
   KEEL_REDUCTION_NONE = 2,  ///< Per token.
 } KEEL_Reduction;
 
-/// The options of the fused loss (`keel::LinearCrossEntropyOptions`); a
-/// NULL options pointer means every default.
+/// The options of the fused loss (`keel::LinearCrossEntropyOptions`). A
+/// NULL options pointer, or a zeroed struct with its `struct_size` set, is
+/// every default (targets of -100 ignored).
 typedef struct KEEL_LinearCrossEntropy_Options {
-  size_t struct_size;                              ///< This struct's size.
-  KEEL_Extension_Base* extension_start;            ///< Extensions, or NULL.
-  int32_t reduction;                               ///< A `KEEL_Reduction` (default mean).
-  int64_t ignore_index;                            ///< Targets to ignore (keel's default is -100:
-                                                   ///< set it; 0 is a valid class).
-  double label_smoothing;                          ///< In [0, 1].
-  struct DLManagedTensorVersioned* class_weights;  ///< Optional `[V]`.
-  double z_loss;                                   ///< z-loss coefficient; 0 is off.
-  double logit_softcap;                            ///< tanh cap of the logits; 0 is off.
-  struct DLManagedTensorVersioned* bias;           ///< Optional `[V]`.
-  int64_t chunk_size;                              ///< Tokens per chunk; 0 chooses.
-  int64_t vocab_chunk_size;                        ///< Classes per chunk; 0 chooses.
-  int64_t chunk_budget_bytes;                      ///< Logit memory per chunk; 0 is the default.
-  int32_t return_per_token_loss;                   ///< Nonzero: also `per_token_loss`.
-  int32_t return_lse;                              ///< Nonzero: also `lse`.
-  int32_t backend;                                 ///< A `KEEL_Backend`.
-  KEEL_Comm* communicator;  ///< Vocabulary-parallel: the ranks that share the vocabulary
-                            ///< (`weight` holds this rank's rows); NULL: not sharded.
-  int64_t vocab_start;      ///< Vocabulary-parallel: the class of this rank's first row.
+  size_t struct_size;                                    ///< This struct's size.
+  KEEL_Extension_Base* extension_start;                  ///< Extensions, or NULL.
+  int32_t reduction;                                     ///< A `KEEL_Reduction` (default mean).
+  int32_t has_ignore_index;                              ///< Nonzero: `ignore_index` is set;
+                                                         ///< 0: the default, -100.
+  int64_t ignore_index;                                  ///< Targets to ignore (0 is a class).
+  double label_smoothing;                                ///< In [0, 1].
+  const struct DLManagedTensorVersioned* class_weights;  ///< Optional `[V]`.
+  double z_loss;                                         ///< z-loss coefficient; 0 is off.
+  double logit_softcap;                                  ///< tanh cap of the logits; 0 is off.
+  const struct DLManagedTensorVersioned* bias;           ///< Optional `[V]`.
+  int64_t chunk_size;                                    ///< Tokens per chunk; 0 chooses.
+  int64_t vocab_chunk_size;                              ///< Classes per chunk; 0 chooses.
+  int64_t chunk_budget_bytes;     ///< Logit memory per chunk; 0 is the default.
+  int32_t return_per_token_loss;  ///< Nonzero: also `per_token_loss`.
+  int32_t return_lse;             ///< Nonzero: also `lse`.
+  int32_t backend;                ///< A `KEEL_Backend`.
+  KEEL_Comm* communicator;        ///< Vocabulary-parallel: the ranks that share the
+                                  ///< vocabulary (`weight` holds this rank's rows); NULL:
+                                  ///< not sharded.
+  int64_t vocab_start;            ///< Vocabulary-parallel: the class of this rank's first row.
 } KEEL_LinearCrossEntropy_Options;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_LinearCrossEntropy_Options, vocab_start, vocab_start);
 
 /// Arguments of `KEEL_LinearCrossEntropy_Forward`.
 typedef struct KEEL_LinearCrossEntropy_Forward_Args {
   size_t struct_size;                               ///< This struct's size.
   KEEL_Extension_Base* extension_start;             ///< Extensions, or NULL.
-  struct DLManagedTensorVersioned* hidden;          ///< `[N, D]`.
-  struct DLManagedTensorVersioned* weight;          ///< `[V, D]`.
-  struct DLManagedTensorVersioned* target;          ///< Integer `[N]`.
+  const struct DLManagedTensorVersioned* hidden;    ///< `[N, D]`.
+  const struct DLManagedTensorVersioned* weight;    ///< `[V, D]`.
+  const struct DLManagedTensorVersioned* target;    ///< Integer `[N]`.
   const KEEL_LinearCrossEntropy_Options* options;   ///< Or NULL.
   struct DLManagedTensorVersioned* loss;            ///< Out: the reduced loss (`[N]` for none).
   struct DLManagedTensorVersioned* per_token_loss;  ///< Out, when asked: `[N]`.
   struct DLManagedTensorVersioned* lse;             ///< Out, when asked: `[N]`.
   int32_t served_backend;                           ///< Out: the `KEEL_Backend` that served it.
 } KEEL_LinearCrossEntropy_Forward_Args;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_LinearCrossEntropy_Forward_Args, served_backend, served_backend);
 /// `keel::linear_cross_entropy(hidden, weight, target, options)`, forward.
 typedef KEEL_Error* KEEL_LinearCrossEntropy_Forward_Fn(KEEL_LinearCrossEntropy_Forward_Args* args);
 
 /// Arguments of `KEEL_LinearCrossEntropy_ForwardBackward`.
 typedef struct KEEL_LinearCrossEntropy_ForwardBackward_Args {
-  size_t struct_size;                              ///< This struct's size.
-  KEEL_Extension_Base* extension_start;            ///< Extensions, or NULL.
-  struct DLManagedTensorVersioned* hidden;         ///< `[N, D]`.
-  struct DLManagedTensorVersioned* weight;         ///< `[V, D]`.
-  struct DLManagedTensorVersioned* target;         ///< Integer `[N]`.
-  const KEEL_LinearCrossEntropy_Options* options;  ///< Or NULL.
-  struct DLManagedTensorVersioned* dloss;  ///< The gradient of `loss` (its shape); NULL means ones.
-  struct DLManagedTensorVersioned* loss;   ///< Out: as the forward's.
+  size_t struct_size;                               ///< This struct's size.
+  KEEL_Extension_Base* extension_start;             ///< Extensions, or NULL.
+  const struct DLManagedTensorVersioned* hidden;    ///< `[N, D]`.
+  const struct DLManagedTensorVersioned* weight;    ///< `[V, D]`.
+  const struct DLManagedTensorVersioned* target;    ///< Integer `[N]`.
+  const KEEL_LinearCrossEntropy_Options* options;   ///< Or NULL.
+  const struct DLManagedTensorVersioned* dloss;     ///< The gradient of `loss` (its shape);
+                                                    ///< NULL means ones.
+  struct DLManagedTensorVersioned* loss;            ///< Out: as the forward's.
   struct DLManagedTensorVersioned* per_token_loss;  ///< Out, when asked.
   struct DLManagedTensorVersioned* lse;             ///< Out, when asked.
   struct DLManagedTensorVersioned* dhidden;         ///< Out: `[N, D]`.
@@ -445,15 +507,14 @@ typedef struct KEEL_LinearCrossEntropy_ForwardBackward_Args {
   struct DLManagedTensorVersioned* dbias;           ///< Out: `[V]`, when the options have a bias.
   int32_t served_backend;                           ///< Out: the `KEEL_Backend` that served it.
 } KEEL_LinearCrossEntropy_ForwardBackward_Args;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_LinearCrossEntropy_ForwardBackward_Args, served_backend,
+                          served_backend);
 /// The loss and its gradients with respect to hidden, weight and bias in one
 /// call (the fused loss computes them chunk by chunk).
 typedef KEEL_Error* KEEL_LinearCrossEntropy_ForwardBackward_Fn(
     KEEL_LinearCrossEntropy_ForwardBackward_Args* args);
 
 // ---------------------------------------------------------------- comm
-
-/// An asynchronous collective in flight: freed with `KEEL_Work_Destroy`.
-typedef struct KEEL_Work KEEL_Work;
 
 /// The transport (`keel::comm::CommBackend`).
 typedef enum KEEL_CommBackend {
@@ -471,39 +532,31 @@ typedef enum KEEL_ReduceOp {
   KEEL_REDUCE_PRODUCT = 4,  ///< Product.
 } KEEL_ReduceOp;
 
-/// Which collective `KEEL_Comm_Collective` runs, and the tensors it uses.
-typedef enum KEEL_Collective {
-  KEEL_COLLECTIVE_ALL_REDUCE = 0,      ///< `tensor`, in place, with `op`.
-  KEEL_COLLECTIVE_ALL_GATHER = 1,      ///< `input` into `output` ([size * N, ...]).
-  KEEL_COLLECTIVE_REDUCE_SCATTER = 2,  ///< `input` ([size * N, ...]) into `output`, with `op`.
-  KEEL_COLLECTIVE_BROADCAST = 3,       ///< `tensor` from rank `peer`, in place.
-  KEEL_COLLECTIVE_ALL_TO_ALL = 4,      ///< `input` into `output`, by the splits (or evenly).
-  KEEL_COLLECTIVE_SEND = 5,            ///< `tensor` to rank `peer` with `tag`.
-  KEEL_COLLECTIVE_RECV = 6,            ///< Into `tensor` from rank `peer` with `tag`.
-  KEEL_COLLECTIVE_BARRIER = 7,         ///< No tensor.
-} KEEL_Collective;
-
-/// Arguments of `KEEL_Comm_Create` (`keel::comm::CommOptions`). Zero means
-/// the default of every field but `rank`, `world_size` and `generation`,
-/// where -1 does (the C++ face sets them so).
+/// Arguments of `KEEL_Comm_Create` (`keel::comm::CommOptions`). A zeroed
+/// struct is every default: the rank and world size from the rendezvous
+/// (`RANK`, `WORLD_SIZE`), the first generation from torchrun's restart
+/// count.
 typedef struct KEEL_Comm_Create_Args {
   size_t struct_size;                    ///< This struct's size.
   KEEL_Extension_Base* extension_start;  ///< Extensions, or NULL.
   int32_t backend;                       ///< A `KEEL_CommBackend`.
   const char* rendezvous;                ///< "env://" (NULL), "tcp://host:port[?store=external]"
                                          ///< or "file://path".
-  int32_t rank;                          ///< This rank; -1: from the rendezvous (`RANK`).
-  int32_t world_size;                    ///< The ranks; -1: from the rendezvous (`WORLD_SIZE`).
+  int32_t world_size;                    ///< The ranks; 0: from the rendezvous.
+  int32_t rank;                          ///< This rank, read when `world_size` > 0.
   int64_t timeout_ms;                    ///< Bounds creation and each collective; 0: 300000.
   const char* name;                      ///< The group's name; NULL: "world".
   int32_t checked;                       ///< Nonzero: check collectives' arguments across ranks.
   int64_t heartbeat_interval_ms;         ///< Liveness heartbeat; 0: 100.
   int64_t peer_timeout_ms;               ///< A peer silent this long is lost; 0: 1500.
-  int32_t generation;                    ///< The first generation; -1: torchrun's restart count.
+  int32_t has_generation;                ///< Nonzero: `generation` is set; 0: torchrun's
+                                         ///< restart count.
+  int32_t generation;                    ///< The first generation.
   int32_t rejoin;                        ///< Nonzero: a restarted rank rejoins the survivors.
   int32_t dispatch_backend;              ///< A `KEEL_Backend`: which adapter serves it.
   KEEL_Comm* comm;                       ///< Out: the communicator.
 } KEEL_Comm_Create_Args;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Comm_Create_Args, comm, comm);
 /// Rendezvous and creates a communicator (a bounded wait: `timeout_ms`).
 typedef KEEL_Error* KEEL_Comm_Create_Fn(KEEL_Comm_Create_Args* args);
 
@@ -513,8 +566,9 @@ typedef struct KEEL_Comm_Destroy_Args {
   KEEL_Extension_Base* extension_start;  ///< Extensions, or NULL.
   KEEL_Comm* comm;                       ///< The handle to free; NULL is a no-op.
 } KEEL_Comm_Destroy_Args;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Comm_Destroy_Args, comm, comm);
 /// Frees a handle; work in flight keeps what it needs.
-typedef void KEEL_Comm_Destroy_Fn(KEEL_Comm_Destroy_Args* args);
+typedef KEEL_Error* KEEL_Comm_Destroy_Fn(KEEL_Comm_Destroy_Args* args);
 
 /// Arguments of `KEEL_Comm_Info`.
 typedef struct KEEL_Comm_Info_Args {
@@ -528,36 +582,137 @@ typedef struct KEEL_Comm_Info_Args {
   int32_t aborted;                       ///< Out: nonzero once aborted.
   const char* name;                      ///< Out: the group's name, alive as long as `comm`.
 } KEEL_Comm_Info_Args;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Comm_Info_Args, name, name);
 /// What the communicator is.
 typedef KEEL_Error* KEEL_Comm_Info_Fn(KEEL_Comm_Info_Args* args);
 
-/// Arguments of `KEEL_Comm_Collective`. Tensors the collective writes
-/// (`tensor` of all_reduce, broadcast and recv; `output`) are the caller's
-/// memory, written in place, and must not be read-only. With `async`, the
-/// caller keeps every tensor alive until the work completes.
-typedef struct KEEL_Comm_Collective_Args {
+/// Arguments of `KEEL_Comm_AllReduce`. Every collective's arguments end
+/// alike: `timeout_ms` (0: the communicator's), `async` (nonzero: return at
+/// once with `work`; the caller keeps every tensor alive until the work
+/// completes) and `work` (out, with `async`). A tensor a collective writes is
+/// the caller's memory, written in place, and must not be read-only.
+typedef struct KEEL_Comm_AllReduce_Args {
   size_t struct_size;                       ///< This struct's size.
   KEEL_Extension_Base* extension_start;     ///< Extensions, or NULL.
   KEEL_Comm* comm;                          ///< The communicator.
-  int32_t collective;                       ///< A `KEEL_Collective`.
-  struct DLManagedTensorVersioned* tensor;  ///< In place (see `KEEL_Collective`).
-  struct DLManagedTensorVersioned* output;  ///< Written.
-  struct DLManagedTensorVersioned* input;   ///< Read.
+  struct DLManagedTensorVersioned* tensor;  ///< Reduced in place.
   int32_t op;                               ///< A `KEEL_ReduceOp`.
-  int32_t peer;                             ///< The root (broadcast) or peer (send, recv).
-  int32_t tag;                              ///< send/recv's tag.
-  const int64_t* output_splits;             ///< all_to_all: rows from each rank, or NULL.
-  size_t num_output_splits;                 ///< 0 or the ranks.
-  const int64_t* input_splits;              ///< all_to_all: rows to each rank, or NULL.
-  size_t num_input_splits;                  ///< 0 or the ranks.
   int64_t timeout_ms;                       ///< This call's bound; 0: the communicator's.
   int32_t async;                            ///< Nonzero: return at once with `work`.
-  void* stream;                             ///< Must be NULL (see "Devices and streams").
   KEEL_Work* work;                          ///< Out, with `async`: the work in flight.
-} KEEL_Comm_Collective_Args;
-/// Runs one collective. A timeout aborts the communicator
-/// (`KEEL_ERRC_TIMEOUT`); a dead peer is `KEEL_ERRC_PEER_LOST` naming it.
-typedef KEEL_Error* KEEL_Comm_Collective_Fn(KEEL_Comm_Collective_Args* args);
+} KEEL_Comm_AllReduce_Args;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Comm_AllReduce_Args, work, work);
+/// All-reduce. A timeout aborts the communicator (`KEEL_ERRC_TIMEOUT`); a
+/// dead peer is `KEEL_ERRC_PEER_LOST` naming it (every collective alike).
+typedef KEEL_Error* KEEL_Comm_AllReduce_Fn(KEEL_Comm_AllReduce_Args* args);
+
+/// Arguments of `KEEL_Comm_Broadcast`.
+typedef struct KEEL_Comm_Broadcast_Args {
+  size_t struct_size;                       ///< This struct's size.
+  KEEL_Extension_Base* extension_start;     ///< Extensions, or NULL.
+  KEEL_Comm* comm;                          ///< The communicator.
+  struct DLManagedTensorVersioned* tensor;  ///< Sent from `root`, received in place elsewhere.
+  int32_t root;                             ///< The rank that sends.
+  int64_t timeout_ms;                       ///< This call's bound; 0: the communicator's.
+  int32_t async;                            ///< Nonzero: return at once with `work`.
+  KEEL_Work* work;                          ///< Out, with `async`: the work in flight.
+} KEEL_Comm_Broadcast_Args;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Comm_Broadcast_Args, work, work);
+/// Broadcast from `root`.
+typedef KEEL_Error* KEEL_Comm_Broadcast_Fn(KEEL_Comm_Broadcast_Args* args);
+
+/// Arguments of `KEEL_Comm_AllGather`.
+typedef struct KEEL_Comm_AllGather_Args {
+  size_t struct_size;                            ///< This struct's size.
+  KEEL_Extension_Base* extension_start;          ///< Extensions, or NULL.
+  KEEL_Comm* comm;                               ///< The communicator.
+  struct DLManagedTensorVersioned* output;       ///< Written: `[size * N, ...]`.
+  const struct DLManagedTensorVersioned* input;  ///< This rank's `[N, ...]`.
+  int64_t timeout_ms;                            ///< This call's bound; 0: the communicator's.
+  int32_t async;                                 ///< Nonzero: return at once with `work`.
+  KEEL_Work* work;                               ///< Out, with `async`: the work in flight.
+} KEEL_Comm_AllGather_Args;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Comm_AllGather_Args, work, work);
+/// All-gather into `output`, rank by rank.
+typedef KEEL_Error* KEEL_Comm_AllGather_Fn(KEEL_Comm_AllGather_Args* args);
+
+/// Arguments of `KEEL_Comm_ReduceScatter`.
+typedef struct KEEL_Comm_ReduceScatter_Args {
+  size_t struct_size;                            ///< This struct's size.
+  KEEL_Extension_Base* extension_start;          ///< Extensions, or NULL.
+  KEEL_Comm* comm;                               ///< The communicator.
+  struct DLManagedTensorVersioned* output;       ///< Written: this rank's `[N, ...]`.
+  const struct DLManagedTensorVersioned* input;  ///< `[size * N, ...]`.
+  int32_t op;                                    ///< A `KEEL_ReduceOp`.
+  int64_t timeout_ms;                            ///< This call's bound; 0: the communicator's.
+  int32_t async;                                 ///< Nonzero: return at once with `work`.
+  KEEL_Work* work;                               ///< Out, with `async`: the work in flight.
+} KEEL_Comm_ReduceScatter_Args;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Comm_ReduceScatter_Args, work, work);
+/// Reduce-scatter: this rank's block of the reduction of every rank's `input`.
+typedef KEEL_Error* KEEL_Comm_ReduceScatter_Fn(KEEL_Comm_ReduceScatter_Args* args);
+
+/// Arguments of `KEEL_Comm_AllToAll`.
+typedef struct KEEL_Comm_AllToAll_Args {
+  size_t struct_size;                            ///< This struct's size.
+  KEEL_Extension_Base* extension_start;          ///< Extensions, or NULL.
+  KEEL_Comm* comm;                               ///< The communicator.
+  struct DLManagedTensorVersioned* output;       ///< Written: the rows from every rank.
+  const struct DLManagedTensorVersioned* input;  ///< The rows to every rank.
+  const int64_t* output_splits;                  ///< Rows from each rank, or NULL: even.
+  size_t num_output_splits;                      ///< 0 or the ranks.
+  const int64_t* input_splits;                   ///< Rows to each rank, or NULL: even.
+  size_t num_input_splits;                       ///< 0 or the ranks.
+  int64_t timeout_ms;                            ///< This call's bound; 0: the communicator's.
+  int32_t async;                                 ///< Nonzero: return at once with `work`.
+  KEEL_Work* work;                               ///< Out, with `async`: the work in flight.
+} KEEL_Comm_AllToAll_Args;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Comm_AllToAll_Args, work, work);
+/// All-to-all, by the splits (or evenly).
+typedef KEEL_Error* KEEL_Comm_AllToAll_Fn(KEEL_Comm_AllToAll_Args* args);
+
+/// Arguments of `KEEL_Comm_Send`.
+typedef struct KEEL_Comm_Send_Args {
+  size_t struct_size;                             ///< This struct's size.
+  KEEL_Extension_Base* extension_start;           ///< Extensions, or NULL.
+  KEEL_Comm* comm;                                ///< The communicator.
+  const struct DLManagedTensorVersioned* tensor;  ///< Sent.
+  int32_t peer;                                   ///< The receiving rank.
+  int32_t tag;                                    ///< Matches the receive's.
+  int64_t timeout_ms;                             ///< This call's bound; 0: the communicator's.
+  int32_t async;                                  ///< Nonzero: return at once with `work`.
+  KEEL_Work* work;                                ///< Out, with `async`: the work in flight.
+} KEEL_Comm_Send_Args;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Comm_Send_Args, work, work);
+/// Sends `tensor` to `peer`.
+typedef KEEL_Error* KEEL_Comm_Send_Fn(KEEL_Comm_Send_Args* args);
+
+/// Arguments of `KEEL_Comm_Recv`.
+typedef struct KEEL_Comm_Recv_Args {
+  size_t struct_size;                       ///< This struct's size.
+  KEEL_Extension_Base* extension_start;     ///< Extensions, or NULL.
+  KEEL_Comm* comm;                          ///< The communicator.
+  struct DLManagedTensorVersioned* tensor;  ///< Received into, in place.
+  int32_t peer;                             ///< The sending rank.
+  int32_t tag;                              ///< Matches the send's.
+  int64_t timeout_ms;                       ///< This call's bound; 0: the communicator's.
+  int32_t async;                            ///< Nonzero: return at once with `work`.
+  KEEL_Work* work;                          ///< Out, with `async`: the work in flight.
+} KEEL_Comm_Recv_Args;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Comm_Recv_Args, work, work);
+/// Receives into `tensor` from `peer`.
+typedef KEEL_Error* KEEL_Comm_Recv_Fn(KEEL_Comm_Recv_Args* args);
+
+/// Arguments of `KEEL_Comm_Barrier`.
+typedef struct KEEL_Comm_Barrier_Args {
+  size_t struct_size;                    ///< This struct's size.
+  KEEL_Extension_Base* extension_start;  ///< Extensions, or NULL.
+  KEEL_Comm* comm;                       ///< The communicator.
+  int64_t timeout_ms;                    ///< This call's bound; 0: the communicator's.
+} KEEL_Comm_Barrier_Args;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Comm_Barrier_Args, timeout_ms, timeout_ms);
+/// Waits (bounded) until every rank reaches the barrier.
+typedef KEEL_Error* KEEL_Comm_Barrier_Fn(KEEL_Comm_Barrier_Args* args);
 
 /// Arguments of `KEEL_Work_Wait`.
 typedef struct KEEL_Work_Wait_Args {
@@ -565,10 +720,10 @@ typedef struct KEEL_Work_Wait_Args {
   KEEL_Extension_Base* extension_start;  ///< Extensions, or NULL.
   KEEL_Work* work;                       ///< The work.
   int64_t timeout_ms;                    ///< The bound; 0: the call's.
-  int32_t completed;                     ///< Out: nonzero when it completed (also on a
-                                         ///< poll: set `poll`).
   int32_t poll;                          ///< Nonzero: do not wait, only report `completed`.
+  int32_t completed;                     ///< Out: nonzero when it completed.
 } KEEL_Work_Wait_Args;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Work_Wait_Args, completed, completed);
 /// Waits (bounded) for an asynchronous collective, or polls it.
 typedef KEEL_Error* KEEL_Work_Wait_Fn(KEEL_Work_Wait_Args* args);
 
@@ -578,8 +733,9 @@ typedef struct KEEL_Work_Destroy_Args {
   KEEL_Extension_Base* extension_start;  ///< Extensions, or NULL.
   KEEL_Work* work;                       ///< The work to free; NULL is a no-op.
 } KEEL_Work_Destroy_Args;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Work_Destroy_Args, work, work);
 /// Frees a work handle (the collective itself runs on).
-typedef void KEEL_Work_Destroy_Fn(KEEL_Work_Destroy_Args* args);
+typedef KEEL_Error* KEEL_Work_Destroy_Fn(KEEL_Work_Destroy_Args* args);
 
 /// Arguments of `KEEL_Comm_Split`.
 typedef struct KEEL_Comm_Split_Args {
@@ -591,6 +747,7 @@ typedef struct KEEL_Comm_Split_Args {
   const char* name;                      ///< Tells sub-groups apart.
   KEEL_Comm* split;                      ///< Out: the sub-group (called by its members only).
 } KEEL_Comm_Split_Args;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Comm_Split_Args, split, split);
 /// A sub-group (`Communicator::split`).
 typedef KEEL_Error* KEEL_Comm_Split_Fn(KEEL_Comm_Split_Args* args);
 
@@ -603,6 +760,7 @@ typedef struct KEEL_Comm_Reform_Args {
   int32_t wait_for_replacements;         ///< Nonzero: wait for restarted ranks to rejoin.
   KEEL_Comm* reformed;                   ///< Out: the next generation's world.
 } KEEL_Comm_Reform_Args;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Comm_Reform_Args, reformed, reformed);
 /// After a failure, the survivors form the next generation (`reform()`).
 typedef KEEL_Error* KEEL_Comm_Reform_Fn(KEEL_Comm_Reform_Args* args);
 
@@ -612,12 +770,14 @@ typedef struct KEEL_Comm_Abort_Args {
   KEEL_Extension_Base* extension_start;  ///< Extensions, or NULL.
   KEEL_Comm* comm;                       ///< The communicator.
 } KEEL_Comm_Abort_Args;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Comm_Abort_Args, comm, comm);
 /// Aborts the communicator: calls in flight and later fail `KEEL_ERRC_ABORTED`.
-typedef void KEEL_Comm_Abort_Fn(KEEL_Comm_Abort_Args* args);
+typedef KEEL_Error* KEEL_Comm_Abort_Fn(KEEL_Comm_Abort_Args* args);
 
 // ---------------------------------------------------------------- compat
 
-/// A named tensor of a `keel::compat` case.
+/// A named tensor of a `keel::compat` case. It travels in arrays, so it is
+/// frozen: these two fields, forever.
 typedef struct KEEL_NamedTensor {
   const char* name;                         ///< The tensor's name.
   struct DLManagedTensorVersioned* tensor;  ///< The tensor.
@@ -625,25 +785,43 @@ typedef struct KEEL_NamedTensor {
 
 /// One case of a service's function (`keel::compat::Case`).
 typedef struct KEEL_Compat_Case {
-  size_t struct_size;              ///< This struct's size.
-  const char* id;                  ///< Unique in the file.
-  const KEEL_NamedTensor* inputs;  ///< Its inputs (borrowed, copied into the file).
-  size_t num_inputs;               ///< How many.
-  int32_t has_tolerance;           ///< Nonzero: judge by `atol`/`rtol`, else the dtype policy.
-  double atol;                     ///< Absolute tolerance (floating outputs).
-  double rtol;                     ///< Relative tolerance (floating outputs).
+  size_t struct_size;                    ///< This struct's size.
+  KEEL_Extension_Base* extension_start;  ///< Extensions, or NULL.
+  const char* id;                        ///< Unique in the file.
+  const KEEL_NamedTensor* inputs;        ///< Its inputs (borrowed, copied into the file).
+  size_t num_inputs;                     ///< How many.
+  int32_t has_tolerance;                 ///< Nonzero: judge by `atol`/`rtol`, else the dtype
+                                         ///< policy.
+  double atol;                           ///< Absolute tolerance (floating outputs).
+  double rtol;                           ///< Relative tolerance (floating outputs).
 } KEEL_Compat_Case;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Compat_Case, rtol, rtol);
+
+/// What the plugin passes a service's `KEEL_Compat_Function`. The plugin
+/// fills it and the function reads it, so the direction is reversed: a
+/// function built against a later header checks `struct_size` before it
+/// reads a field appended after 1.0.
+typedef struct KEEL_Compat_Function_Args {
+  size_t struct_size;                    ///< The plugin's size of this struct.
+  KEEL_Extension_Base* extension_start;  ///< Extensions, or NULL.
+  void* user_data;                       ///< What the caller passed to record or compare.
+  const char* case_id;                   ///< The case.
+  const KEEL_NamedTensor* inputs;        ///< Its inputs: the plugin's, valid during the call.
+  size_t num_inputs;                     ///< How many.
+  KEEL_NamedTensor* outputs;             ///< Out: set `outputs[0 .. num_outputs)`; each name is
+                                         ///< copied when the call returns, each tensor is then
+                                         ///< keel's (which calls its deleter).
+  size_t output_capacity;                ///< At most this many outputs.
+  size_t num_outputs;                    ///< Out: how many were set.
+  char* error;                           ///< Out: a NUL-terminated message with a failing code.
+  size_t error_capacity;                 ///< The size of `error`'s buffer.
+} KEEL_Compat_Function_Args;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Compat_Function_Args, error_capacity, error_capacity);
 
 /// A service's function, run by record and compare once per case and run,
-/// on the caller's thread. `inputs` are the plugin's, valid during the call.
-/// It sets `outputs[0 .. *num_outputs)` (at most `output_capacity`): each
-/// name is copied when the call returns, each tensor is then owned by keel
-/// (which calls its deleter). It returns `KEEL_ERRC_OK`, or a code with a
+/// on the caller's thread. It returns `KEEL_ERRC_OK`, or a code with a
 /// message in `error`; `KEEL_ERRC_UNSUPPORTED` skips the case.
-typedef int32_t KEEL_Compat_Function(void* user_data, const char* case_id,
-                                     const KEEL_NamedTensor* inputs, size_t num_inputs,
-                                     KEEL_NamedTensor* outputs, size_t output_capacity,
-                                     size_t* num_outputs, char* error, size_t error_capacity);
+typedef int32_t KEEL_Compat_Function(KEEL_Compat_Function_Args* args);
 
 /// Arguments of `KEEL_Compat_Record`.
 typedef struct KEEL_Compat_Record_Args {
@@ -655,6 +833,7 @@ typedef struct KEEL_Compat_Record_Args {
   KEEL_Compat_Function* function;        ///< The service's function.
   void* user_data;                       ///< Passed to `function`.
 } KEEL_Compat_Record_Args;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Compat_Record_Args, user_data, user_data);
 /// `keel::compat::record`: runs the function on each case and writes inputs,
 /// outputs, tolerance, time and peak memory to `path`.
 typedef KEEL_Error* KEEL_Compat_Record_Fn(KEEL_Compat_Record_Args* args);
@@ -675,6 +854,7 @@ typedef struct KEEL_Compat_Compare_Args {
   int32_t skipped;        ///< Out: cases the function declined.
   int32_t errors;         ///< Out: cases the function failed.
 } KEEL_Compat_Compare_Args;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Compat_Compare_Args, errors, errors);
 /// `keel::compat::compare`: replays the file's cases through the function on
 /// this release and judges every output by the tolerance policy.
 typedef KEEL_Error* KEEL_Compat_Compare_Fn(KEEL_Compat_Compare_Args* args);
@@ -689,32 +869,40 @@ typedef struct KEEL_Api {
   KEEL_Extension_Base* extension_start;  ///< Extensions, or NULL.
   KEEL_Api_Version api_version;          ///< The plugin's major and minor.
 
-  // 0.1
-  KEEL_Error_Destroy_Fn* KEEL_Error_Destroy;            ///< Frees an error.
-  KEEL_Error_Message_Fn* KEEL_Error_Message;            ///< An error's message.
-  KEEL_Error_GetCode_Fn* KEEL_Error_GetCode;            ///< An error's code.
-  KEEL_Plugin_Info_Fn* KEEL_Plugin_Info;                ///< What the plugin is.
-  KEEL_Capability_Query_Fn* KEEL_Capability_Query;      ///< Typed capabilities.
-  KEEL_Attention_Forward_Fn* KEEL_Attention_Forward;    ///< Attention.
-  KEEL_Attention_Backward_Fn* KEEL_Attention_Backward;  ///< Attention's gradients.
-  KEEL_Attention_Paged_Fn* KEEL_Attention_Paged;        ///< Attention on a paged cache.
-  KEEL_Logsumexp_Fn* KEEL_Logsumexp;                    ///< Masked log-sum-exp.
-  KEEL_LinearCrossEntropy_Forward_Fn* KEEL_LinearCrossEntropy_Forward;  ///< The fused loss.
-  KEEL_LinearCrossEntropy_ForwardBackward_Fn* KEEL_LinearCrossEntropy_ForwardBackward;
-  ///< The fused loss with its gradients.
-  KEEL_Comm_Create_Fn* KEEL_Comm_Create;                      ///< Creates a communicator.
-  KEEL_Comm_Destroy_Fn* KEEL_Comm_Destroy;                    ///< Frees a communicator handle.
-  KEEL_Comm_Info_Fn* KEEL_Comm_Info;                          ///< What a communicator is.
-  KEEL_Comm_Collective_Fn* KEEL_Comm_Collective;              ///< Runs a collective.
-  KEEL_Work_Wait_Fn* KEEL_Work_Wait;                          ///< Waits for or polls async work.
-  KEEL_Work_Destroy_Fn* KEEL_Work_Destroy;                    ///< Frees a work handle.
-  KEEL_Comm_Split_Fn* KEEL_Comm_Split;                        ///< A sub-group.
-  KEEL_Comm_Reform_Fn* KEEL_Comm_Reform;                      ///< The survivors' next generation.
-  KEEL_Comm_Abort_Fn* KEEL_Comm_Abort;                        ///< Aborts a communicator.
-  KEEL_Compat_Record_Fn* KEEL_Compat_Record;                  ///< Records a service's function.
-  KEEL_Compat_Compare_Fn* KEEL_Compat_Compare;                ///< Replays and judges it.
+  // 1.0
+  KEEL_Error_Destroy_Fn* KEEL_Error_Destroy;                  ///< Frees an error.
+  KEEL_Error_Message_Fn* KEEL_Error_Message;                  ///< An error's message.
+  KEEL_Error_GetCode_Fn* KEEL_Error_GetCode;                  ///< An error's code.
+  KEEL_Plugin_Info_Fn* KEEL_Plugin_Info;                      ///< What the plugin is.
+  KEEL_Capability_Query_Fn* KEEL_Capability_Query;            ///< Typed capabilities.
+  KEEL_Attention_Forward_Fn* KEEL_Attention_Forward;          ///< Attention.
+  KEEL_Attention_Backward_Fn* KEEL_Attention_Backward;        ///< Attention's gradients.
+  KEEL_Attention_Paged_Fn* KEEL_Attention_Paged;              ///< Attention on a paged cache.
   KEEL_Attention_PackedPaged_Fn* KEEL_Attention_PackedPaged;  ///< Ragged queries, paged cache.
+  KEEL_Logsumexp_Fn* KEEL_Logsumexp;                          ///< Masked log-sum-exp.
+  KEEL_LinearCrossEntropy_Forward_Fn* KEEL_LinearCrossEntropy_Forward;  ///< The fused loss.
+  KEEL_LinearCrossEntropy_ForwardBackward_Fn*
+      KEEL_LinearCrossEntropy_ForwardBackward;          ///< The fused loss with its gradients.
+  KEEL_Comm_Create_Fn* KEEL_Comm_Create;                ///< Creates a communicator.
+  KEEL_Comm_Destroy_Fn* KEEL_Comm_Destroy;              ///< Frees a communicator handle.
+  KEEL_Comm_Info_Fn* KEEL_Comm_Info;                    ///< What a communicator is.
+  KEEL_Comm_AllReduce_Fn* KEEL_Comm_AllReduce;          ///< All-reduce.
+  KEEL_Comm_Broadcast_Fn* KEEL_Comm_Broadcast;          ///< Broadcast.
+  KEEL_Comm_AllGather_Fn* KEEL_Comm_AllGather;          ///< All-gather.
+  KEEL_Comm_ReduceScatter_Fn* KEEL_Comm_ReduceScatter;  ///< Reduce-scatter.
+  KEEL_Comm_AllToAll_Fn* KEEL_Comm_AllToAll;            ///< All-to-all.
+  KEEL_Comm_Send_Fn* KEEL_Comm_Send;                    ///< Point-to-point send.
+  KEEL_Comm_Recv_Fn* KEEL_Comm_Recv;                    ///< Point-to-point receive.
+  KEEL_Comm_Barrier_Fn* KEEL_Comm_Barrier;              ///< Barrier.
+  KEEL_Work_Wait_Fn* KEEL_Work_Wait;                    ///< Waits for or polls async work.
+  KEEL_Work_Destroy_Fn* KEEL_Work_Destroy;              ///< Frees a work handle.
+  KEEL_Comm_Split_Fn* KEEL_Comm_Split;                  ///< A sub-group.
+  KEEL_Comm_Reform_Fn* KEEL_Comm_Reform;                ///< The survivors' next generation.
+  KEEL_Comm_Abort_Fn* KEEL_Comm_Abort;                  ///< Aborts a communicator.
+  KEEL_Compat_Record_Fn* KEEL_Compat_Record;            ///< Records a service's function.
+  KEEL_Compat_Compare_Fn* KEEL_Compat_Compare;          ///< Replays and judges it.
 } KEEL_Api;
+KEEL_DEFINE_STRUCT_TRAITS(KEEL_Api, KEEL_Compat_Compare, KEEL_Compat_Compare);
 
 /// The entry point's type.
 typedef const KEEL_Api* KEEL_GetApi_Fn(void);

@@ -76,7 +76,9 @@ class [[nodiscard]] Result {
   std::variant<T, Error> v_;
 };
 
-/// A zeroed C argument struct with its `struct_size` set.
+/// A zeroed C argument struct (every default) with its `struct_size` set.
+/// `sizeof` is as good as `<T>_STRUCT_SIZE` here: the padding it adds is
+/// zero, the default of any field a later minor puts there.
 template <class T>
 T make_args() {
   T a;
@@ -263,99 +265,118 @@ struct PluginInfo {
   std::uint32_t api_minor = 0;  ///< The plugin's C ABI minor.
 };
 
-/// An asynchronous collective: wait for it (bounded) before reading or
-/// freeing its tensors.
-class Work {
+/// Frees `work` (the collective itself runs on).
+inline void destroy_handle(const KEEL_Api* api, KEEL_Work* work) {
+  auto a = make_args<KEEL_Work_Destroy_Args>();
+  a.work = work;
+  if (Error e; take_error(api, api->KEEL_Work_Destroy(&a), e)) return;  // a valid struct: none
+}
+/// Frees `comm`.
+inline void destroy_handle(const KEEL_Api* api, KEEL_Comm* comm) {
+  auto a = make_args<KEEL_Comm_Destroy_Args>();
+  a.comm = comm;
+  if (Error e; take_error(api, api->KEEL_Comm_Destroy(&a), e)) return;  // a valid struct: none
+}
+
+/// A move-only owner of a plugin handle (`KEEL_Work`, `KEEL_Comm`), freed
+/// with `destroy_handle` when it goes.
+template <class H>
+class Handle {
  public:
-  /// No work.
-  Work() = default;
-  Work(Work&& other) noexcept
-      : api_(other.api_), w_(std::exchange(other.w_, nullptr)) {}  ///< Moves.
+  /// No handle.
+  Handle() = default;
+  /// Owns `h`, of the plugin whose table is `api`.
+  Handle(const KEEL_Api* api, H* h) noexcept : api_(api), h_(h) {}
+  Handle(Handle&& other) noexcept
+      : api_(other.api_), h_(std::exchange(other.h_, nullptr)) {}  ///< Moves.
   /// Moves.
-  Work& operator=(Work&& other) noexcept {
+  Handle& operator=(Handle&& other) noexcept {
     std::swap(api_, other.api_);
-    std::swap(w_, other.w_);
+    std::swap(h_, other.h_);
     return *this;
   }
-  Work(const Work&) = delete;             ///< Not copyable.
-  Work& operator=(const Work&) = delete;  ///< Not copyable.
-  /// Frees the handle (the collective itself runs on).
-  ~Work() {
-    if (w_ != nullptr) {
-      auto a = make_args<KEEL_Work_Destroy_Args>();
-      a.work = w_;
-      api_->KEEL_Work_Destroy(&a);
-    }
+  Handle(const Handle&) = delete;             ///< Not copyable.
+  Handle& operator=(const Handle&) = delete;  ///< Not copyable.
+  /// Frees the handle.
+  ~Handle() {
+    if (h_ != nullptr) destroy_handle(api_, h_);
   }
+  /// The handle, for the C calls.
+  H* get() const noexcept { return h_; }
+  /// The plugin's table.
+  const KEEL_Api* api() const noexcept { return api_; }
+
+ private:
+  const KEEL_Api* api_ = nullptr;
+  H* h_ = nullptr;
+};
+
+/// An asynchronous collective: wait for it (bounded) before reading or
+/// freeing its tensors. Empty after a synchronous call.
+class Work : public Handle<KEEL_Work> {
+ public:
+  using Handle<KEEL_Work>::Handle;
   /// Waits at most `timeout_ms` (0: the call's bound) for it to complete.
   Result<bool> wait(std::int64_t timeout_ms = 0) const { return call(timeout_ms, false); }
   /// Whether it has completed, without waiting.
   Result<bool> poll() const { return call(0, true); }
 
  private:
-  friend class Comm;
-  Work(const KEEL_Api* api, KEEL_Work* w) : api_(api), w_(w) {}
   Result<bool> call(std::int64_t timeout_ms, bool poll) const {
     auto a = make_args<KEEL_Work_Wait_Args>();
-    a.work = w_;
+    a.work = get();
     a.timeout_ms = timeout_ms;
     a.poll = poll;
-    if (Error e; take_error(api_, api_->KEEL_Work_Wait(&a), e)) return e;
+    if (Error e; take_error(api(), api()->KEEL_Work_Wait(&a), e)) return e;
     return a.completed != 0;
   }
-  const KEEL_Api* api_ = nullptr;
-  KEEL_Work* w_ = nullptr;
 };
 
-/// A communicator (`keel::comm::Communicator` behind the C ABI).
-class Comm {
+/// A communicator (`keel::comm::Communicator` behind the C ABI). Each
+/// collective takes its own C arguments; `a.comm` is set here, and with
+/// `a.async` the result holds the work in flight.
+class Comm : public Handle<KEEL_Comm> {
  public:
-  /// No communicator.
-  Comm() = default;
-  Comm(Comm&& other) noexcept
-      : api_(other.api_), c_(std::exchange(other.c_, nullptr)) {}  ///< Moves.
-  /// Moves.
-  Comm& operator=(Comm&& other) noexcept {
-    std::swap(api_, other.api_);
-    std::swap(c_, other.c_);
-    return *this;
-  }
-  Comm(const Comm&) = delete;             ///< Not copyable.
-  Comm& operator=(const Comm&) = delete;  ///< Not copyable.
-  /// Frees the handle.
-  ~Comm() {
-    if (c_ != nullptr) {
-      auto a = make_args<KEEL_Comm_Destroy_Args>();
-      a.comm = c_;
-      api_->KEEL_Comm_Destroy(&a);
-    }
-  }
-  /// Rendezvous and creation (`KEEL_Comm_Create`); set `struct_size` with
-  /// `make_args` or use `Plugin::create_comm`.
+  using Handle<KEEL_Comm>::Handle;
+  /// Rendezvous and creation (`KEEL_Comm_Create`); `args` from
+  /// `make_args` (a zeroed struct is every default).
   static Result<Comm> create(const KEEL_Api* api, KEEL_Comm_Create_Args args) {
     if (Error e; take_error(api, api->KEEL_Comm_Create(&args), e)) return e;
     return Comm(api, args.comm);
   }
-  /// The handle, for the C calls and the vocabulary-parallel loss.
-  KEEL_Comm* get() const noexcept { return c_; }
   /// Rank, size, generation and name.
   Result<KEEL_Comm_Info_Args> info() const {
     auto a = make_args<KEEL_Comm_Info_Args>();
-    a.comm = c_;
-    if (Error e; take_error(api_, api_->KEEL_Comm_Info(&a), e)) return e;
+    a.comm = get();
+    if (Error e; take_error(api(), api()->KEEL_Comm_Info(&a), e)) return e;
     return a;
   }
-  /// Any collective: `a.comm` is set here; with `a.async`, the work.
-  Result<Work> run(KEEL_Comm_Collective_Args a) const {
-    a.comm = c_;
-    if (Error e; take_error(api_, api_->KEEL_Comm_Collective(&a), e)) return e;
-    return Work(api_, a.work);
+  /// All-reduce.
+  Result<Work> run(KEEL_Comm_AllReduce_Args a) const { return run(a, api()->KEEL_Comm_AllReduce); }
+  /// Broadcast.
+  Result<Work> run(KEEL_Comm_Broadcast_Args a) const { return run(a, api()->KEEL_Comm_Broadcast); }
+  /// All-gather.
+  Result<Work> run(KEEL_Comm_AllGather_Args a) const { return run(a, api()->KEEL_Comm_AllGather); }
+  /// Reduce-scatter.
+  Result<Work> run(KEEL_Comm_ReduceScatter_Args a) const {
+    return run(a, api()->KEEL_Comm_ReduceScatter);
+  }
+  /// All-to-all.
+  Result<Work> run(KEEL_Comm_AllToAll_Args a) const { return run(a, api()->KEEL_Comm_AllToAll); }
+  /// Send.
+  Result<Work> run(KEEL_Comm_Send_Args a) const { return run(a, api()->KEEL_Comm_Send); }
+  /// Receive.
+  Result<Work> run(KEEL_Comm_Recv_Args a) const { return run(a, api()->KEEL_Comm_Recv); }
+  /// Barrier.
+  Result<Work> run(KEEL_Comm_Barrier_Args a) const {
+    a.comm = get();
+    if (Error e; take_error(api(), api()->KEEL_Comm_Barrier(&a), e)) return e;
+    return Work();
   }
   /// all_reduce of `tensor` in place.
   Result<Work> all_reduce(const Tensor& tensor, KEEL_ReduceOp op = KEEL_REDUCE_SUM,
                           bool async = false) const {
-    auto a = make_args<KEEL_Comm_Collective_Args>();
-    a.collective = KEEL_COLLECTIVE_ALL_REDUCE;
+    auto a = make_args<KEEL_Comm_AllReduce_Args>();
     a.tensor = tensor.get();
     a.op = op;
     a.async = async;
@@ -364,33 +385,37 @@ class Comm {
   /// A sub-group of the given ranks (called by its members).
   Result<Comm> split(const std::vector<std::int32_t>& ranks, const std::string& name) const {
     auto a = make_args<KEEL_Comm_Split_Args>();
-    a.comm = c_;
+    a.comm = get();
     a.ranks = ranks.data();
     a.num_ranks = ranks.size();
     a.name = name.c_str();
-    if (Error e; take_error(api_, api_->KEEL_Comm_Split(&a), e)) return e;
-    return Comm(api_, a.split);
+    if (Error e; take_error(api(), api()->KEEL_Comm_Split(&a), e)) return e;
+    return Comm(api(), a.split);
   }
   /// The survivors' next generation, after a failure.
   Result<Comm> reform(std::int64_t timeout_ms = 0, bool wait_for_replacements = false) const {
     auto a = make_args<KEEL_Comm_Reform_Args>();
-    a.comm = c_;
+    a.comm = get();
     a.timeout_ms = timeout_ms;
     a.wait_for_replacements = wait_for_replacements;
-    if (Error e; take_error(api_, api_->KEEL_Comm_Reform(&a), e)) return e;
-    return Comm(api_, a.reformed);
+    if (Error e; take_error(api(), api()->KEEL_Comm_Reform(&a), e)) return e;
+    return Comm(api(), a.reformed);
   }
   /// Aborts: calls in flight and later fail with `KEEL_ERRC_ABORTED`.
-  void abort() const {
+  Result<bool> abort() const {
     auto a = make_args<KEEL_Comm_Abort_Args>();
-    a.comm = c_;
-    api_->KEEL_Comm_Abort(&a);
+    a.comm = get();
+    if (Error e; take_error(api(), api()->KEEL_Comm_Abort(&a), e)) return e;
+    return true;
   }
 
  private:
-  Comm(const KEEL_Api* api, KEEL_Comm* c) : api_(api), c_(c) {}
-  const KEEL_Api* api_ = nullptr;
-  KEEL_Comm* c_ = nullptr;
+  template <class Args, class Fn>
+  Result<Work> run(Args a, Fn* fn) const {
+    a.comm = get();
+    if (Error e; take_error(api(), fn(&a), e)) return e;
+    return Work(api(), a.work);
+  }
 };
 
 /// Where to find a plugin (`KEEL_LoadOptions`).
@@ -399,6 +424,7 @@ struct LoadOptions {
   std::string plugin_path;    ///< Or this file (else `KEEL_PLUGIN`).
   std::string flavour;        ///< "cpu" when empty.
   std::string plugin_dir;     ///< Where to look (else `KEEL_PLUGIN_DIR`, else the loader's folder).
+  std::string torch_library_dir;  ///< The plugin's libtorch (else `KEEL_TORCH_LIBRARY_DIR`).
 };
 
 /// A loaded plugin: a handle on its function table.
@@ -412,6 +438,8 @@ class Plugin {
     o.torch_release = options.torch_release.empty() ? nullptr : options.torch_release.c_str();
     o.flavour = options.flavour.empty() ? nullptr : options.flavour.c_str();
     o.plugin_dir = options.plugin_dir.empty() ? nullptr : options.plugin_dir.c_str();
+    o.torch_library_dir =
+        options.torch_library_dir.empty() ? nullptr : options.torch_library_dir.c_str();
     o.error = error;
     o.error_capacity = sizeof error;
     const std::int32_t code = keel_load_plugin(&o);
@@ -419,16 +447,10 @@ class Plugin {
     return Plugin(o.api, o.resolved_path);
   }
 
-  /// A communicator; `args` from `comm_options()`, adjusted.
+  /// A communicator; `args` from `make_args<KEEL_Comm_Create_Args>()`
+  /// (every default: rank and world size from the rendezvous), adjusted.
   Result<Comm> create_comm(const KEEL_Comm_Create_Args& args) const {
     return Comm::create(api_, args);
-  }
-  /// Communicator options with every default (rank, world size and
-  /// generation from the rendezvous).
-  static KEEL_Comm_Create_Args comm_options() {
-    auto a = make_args<KEEL_Comm_Create_Args>();
-    a.rank = a.world_size = a.generation = -1;
-    return a;
   }
 
   /// The table, for calls the face does not wrap.

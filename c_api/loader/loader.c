@@ -29,11 +29,15 @@
 #define KEEL_NOTE_SECTION ".keel_plugin"
 #define KEEL_NOTE_MAX 4096
 
-// What the plugin's note says (src/c_api/plugin_note.cpp writes it).
+// What the plugin's note says (c_api/plugin/plugin.cpp writes it).
+// What the plugin's file says: its note and the libraries it needs.
+#define KEEL_NEEDED_MAX 64
 typedef struct PluginNote {
   char release[32];
   char flavour[32];
   unsigned major, minor;
+  char needed[KEEL_NEEDED_MAX][128];  // DT_NEEDED sonames, as far as they fit
+  unsigned num_needed;
 } PluginNote;
 
 static int32_t fail(KEEL_LoadOptions* o, int32_t code, const char* format, ...) {
@@ -72,7 +76,34 @@ static int note_field(const char* note, const char* key, char* out, size_t capac
   return 0;
 }
 
-// Reads the plugin's note from its section headers.
+// Reads the DT_NEEDED names of the dynamic section `dyn` (its strings are in
+// the section its sh_link names). 0 when the section is damaged.
+static int read_needed(FILE* f, long size, const Elf64_Ehdr* eh, const Elf64_Shdr* dyn,
+                       PluginNote* note) {
+  Elf64_Shdr strings;
+  if (dyn->sh_link >= eh->e_shnum ||
+      !read_at(f, size, eh->e_shoff + (uint64_t)dyn->sh_link * sizeof(Elf64_Shdr), &strings,
+               sizeof strings)) {
+    return 0;
+  }
+  for (uint64_t at = 0; at + sizeof(Elf64_Dyn) <= dyn->sh_size; at += sizeof(Elf64_Dyn)) {
+    Elf64_Dyn d;
+    if (!read_at(f, size, dyn->sh_offset + at, &d, sizeof d)) return 0;
+    if (d.d_tag == DT_NULL) break;
+    if (d.d_tag != DT_NEEDED || note->num_needed == KEEL_NEEDED_MAX) continue;
+    char* out = note->needed[note->num_needed];
+    const uint64_t offset = d.d_un.d_val;
+    if (offset >= strings.sh_size) return 0;
+    uint64_t n = strings.sh_size - offset;
+    if (n > sizeof note->needed[0]) n = sizeof note->needed[0];
+    if (!read_at(f, size, strings.sh_offset + offset, out, n)) return 0;
+    if (memchr(out, '\0', n) == NULL) continue;  // a name longer than any soname we open
+    ++note->num_needed;
+  }
+  return 1;
+}
+
+// Reads the plugin's note (and what it needs) from its section headers.
 static int32_t read_note(KEEL_LoadOptions* o, const char* path, PluginNote* note) {
   struct stat st;
   if (stat(path, &st) != 0) {
@@ -106,11 +137,17 @@ static int32_t read_note(KEEL_LoadOptions* o, const char* path, PluginNote* note
     fail(o, code, "keel plugin '%s' is truncated (section table)", path);
     goto done;
   }
+  note->num_needed = 0;
+  int found = 0;
   for (unsigned i = 0; i < eh.e_shnum; ++i) {
     Elf64_Shdr sh;
     char name[sizeof KEEL_NOTE_SECTION];
     if (!read_at(f, size, eh.e_shoff + (uint64_t)i * sizeof(Elf64_Shdr), &sh, sizeof sh)) {
       fail(o, code, "keel plugin '%s' is truncated (section table)", path);
+      goto done;
+    }
+    if (sh.sh_type == SHT_DYNAMIC && !read_needed(f, size, &eh, &sh, note)) {
+      fail(o, code, "keel plugin '%s' has a damaged dynamic section", path);
       goto done;
     }
     if (sh.sh_name >= names.sh_size ||
@@ -132,10 +169,13 @@ static int32_t read_note(KEEL_LoadOptions* o, const char* path, PluginNote* note
       fail(o, code, "keel plugin '%s' has a damaged %s note", path, KEEL_NOTE_SECTION);
       goto done;
     }
-    code = KEEL_ERRC_OK;
-    goto done;
+    found = 1;
   }
-  fail(o, code, "'%s' is not a keel plugin (no %s note)", path, KEEL_NOTE_SECTION);
+  if (found) {
+    code = KEEL_ERRC_OK;
+  } else {
+    fail(o, code, "'%s' is not a keel plugin (no %s note)", path, KEEL_NOTE_SECTION);
+  }
 done:
   fclose(f);
   return code;
@@ -204,7 +244,33 @@ typedef struct Loaded {
   struct Loaded* next;
 } Loaded;
 static Loaded* loaded_plugins = NULL;
+// The libtorch release this loader brought into the process: set as soon as
+// a plugin's dlopen succeeds, whether or not the plugin then passes its
+// checks, because its libtorch stays (loaded RTLD_LOCAL, it is invisible to
+// RTLD_DEFAULT, so this is the only record of it).
+static char process_release[32];
 static pthread_mutex_t loaded_lock = PTHREAD_MUTEX_INITIALIZER;
+
+// Opens, from `dir`, each library the plugin needs that is there, so that
+// the plugin's own lookup finds them loaded (by soname) wherever its
+// RUNPATH points. A library that fails to open is an error naming it.
+static int32_t open_torch_libraries(KEEL_LoadOptions* o, const char* dir, const PluginNote* note) {
+  for (unsigned i = 0; i < note->num_needed; ++i) {
+    char file[PATH_MAX];
+    const int n = snprintf(file, sizeof file, "%s/%s", dir, note->needed[i]);
+    if (n < 0 || (size_t)n >= sizeof file) {
+      return fail(o, KEEL_ERRC_INVALID_ARGUMENT, "keel: torch_library_dir is too long");
+    }
+    struct stat st;
+    if (stat(file, &st) != 0) continue;
+    if (dlopen(file, RTLD_NOW | RTLD_LOCAL) == NULL) {
+      const char* why = dlerror();
+      return fail(o, KEEL_ERRC_UNSUPPORTED, "keel: '%s' does not load: %s", file,
+                  why ? why : "unknown reason");
+    }
+  }
+  return KEEL_ERRC_OK;
+}
 
 static int32_t resolve_path(KEEL_LoadOptions* o, char* out, size_t capacity) {
   const char* explicit_path = o->plugin_path;
@@ -281,6 +347,13 @@ static int32_t load_locked(KEEL_LoadOptions* o) {
                 "keel plugin '%s' is built for libtorch %s, not the %s asked for", real,
                 note.release, o->torch_release);
   }
+  if (process_release[0] != '\0' && strcmp(process_release, note.release) != 0) {
+    return fail(o, KEEL_ERRC_UNSUPPORTED,
+                "this process already runs libtorch %s, loaded for an earlier keel plugin; keel "
+                "plugin '%s' is built for libtorch %s (one libtorch per process: load the %s "
+                "plugin)",
+                process_release, real, note.release, process_release);
+  }
   char present[32];
   uint64_t abi = 0;
   if (torch_release_in(RTLD_DEFAULT, present, sizeof present, &abi) &&
@@ -290,12 +363,22 @@ static int32_t load_locked(KEEL_LoadOptions* o) {
                 "%s (one libtorch per process: load the %s plugin)",
                 present, real, note.release, present);
   }
+  const char* torch_dir = o->torch_library_dir;
+  if (torch_dir == NULL || torch_dir[0] == '\0') torch_dir = getenv("KEEL_TORCH_LIBRARY_DIR");
+  if (torch_dir != NULL && torch_dir[0] != '\0') {
+    code = open_torch_libraries(o, torch_dir, &note);
+    if (code != KEEL_ERRC_OK) return code;
+  }
   void* handle = dlopen(real, RTLD_NOW | RTLD_LOCAL);
   if (handle == NULL) {
     const char* why = dlerror();
-    return fail(o, KEEL_ERRC_UNSUPPORTED, "keel plugin '%s' does not load: %s", real,
-                why ? why : "unknown reason");
+    return fail(o, KEEL_ERRC_UNSUPPORTED,
+                "keel plugin '%s' does not load: %s (its libtorch is found through "
+                "torch_library_dir or KEEL_TORCH_LIBRARY_DIR, a libtorch already in the process, "
+                "or the library path; keel-info --plugin lists what it needs)",
+                real, why ? why : "unknown reason");
   }
+  snprintf(process_release, sizeof process_release, "%s", note.release);
   // From here on the plugin stays loaded, whatever the checks find: its
   // libtorch may have started threads, and cannot be unloaded.
   KEEL_GetApi_Fn* get_api;
@@ -305,7 +388,7 @@ static int32_t load_locked(KEEL_LoadOptions* o) {
                 KEEL_PLUGIN_ENTRY_POINT);
   }
   const KEEL_Api* api = get_api();
-  const size_t minimum = KEEL_STRUCT_SIZE(KEEL_Api, KEEL_Attention_PackedPaged);
+  const size_t minimum = KEEL_Api_MIN_SIZE;
   if (api == NULL || api->struct_size < KEEL_STRUCT_SIZE(KEEL_Api, api_version) ||
       api->api_version.major != KEEL_C_API_MAJOR || api->struct_size < minimum) {
     return fail(o, KEEL_ERRC_CORRUPT_DATA,
@@ -350,8 +433,8 @@ static int32_t load_locked(KEEL_LoadOptions* o) {
 
 int32_t keel_load_plugin(KEEL_LoadOptions* options) {
   if (options == NULL) return KEEL_ERRC_INVALID_ARGUMENT;
-  // A struct smaller than 0.1's may not even hold `error`: the code alone says it.
-  if (options->struct_size < KEEL_STRUCT_SIZE(KEEL_LoadOptions, resolved_path)) {
+  // A struct smaller than 1.0's may not even hold `error`: the code alone says it.
+  if (options->struct_size < KEEL_LoadOptions_MIN_SIZE) {
     return KEEL_ERRC_INVALID_ARGUMENT;
   }
   options->api = NULL;

@@ -1,4 +1,4 @@
-// A CPU plugin: CPU tensors, no stream (src/c_api/device.h).
+// A CPU plugin: CPU tensors, no stream (c_api/plugin/device.h).
 #include <dlpack/dlpack.h>
 
 #include "device.h"

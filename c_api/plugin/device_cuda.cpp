@@ -1,7 +1,7 @@
 // A CUDA plugin: CPU and CUDA tensors; a CUDA call runs on the caller's
 // stream, made current on the tensors' device for the call, so that its
 // work is ordered after what the caller queued there and its outputs are
-// ready in that stream's order when the call returns (src/c_api/device.h).
+// ready in that stream's order when the call returns (c_api/plugin/device.h).
 #include <cuda_runtime_api.h>
 #include <dlpack/dlpack.h>
 
