@@ -15,6 +15,8 @@
 #                                layout and the package test
 #   lint                         clang-tidy with the sanitizer build's clang PCH
 #   the newest release, CUDA     built, not run (no GPU here; scripts/gpu-check.sh)
+#   the golden release           its release plugin and the C consumer, which runs on
+#                                every release's plugin, as does C ABI 1.0's consumer
 #   across releases              the golden recorded on the first release and compared
 #                                on each other one with each adapter; SmolLM2's logits and
 #                                greedy tokens (examples/models) likewise
@@ -147,34 +149,44 @@ for r in "${keel_ci_extra[@]}" "$keel_newest"; do
     "$(keel_compare_line "$json")")")
 done
 stage "SmolLM2 across releases"
-# One service binary for every release (docs/c-api.md): the C consumer, built
-# once in the golden release's build with no libtorch header in sight, runs
-# unchanged on each release's plugin; it records on the golden release and
-# each other release's outputs must stay within the policy. Its hash is
-# printed before and after, to show that the same file ran.
-consumer=$(build_dir "$keel_golden" sanitize)/keel_c_consumer
+# One service binary for every release (docs/c-api.md): the C consumer, a
+# normal (non-sanitizer) service built once in the golden release's release
+# build with no libtorch header in sight, runs unchanged on each release's
+# release plugin; it records on the golden release and each other release's
+# outputs must stay within the policy. Its hash is printed before and after,
+# to show that the same file ran. Then the consumer of the commit that froze
+# C ABI 1.0, built from that commit's sources, runs on the same plugins.
+echo "keel: ===== $keel_golden release: the plugin and the C consumer ====="
+(
+  export KEEL_TORCH_RELEASE=$keel_golden
+  cmake --preset release >/dev/null
+  cmake --build --preset release --target keel_plugin keel_c_consumer
+)
+consumer=$(build_dir "$keel_golden" release)/keel_c_consumer
 consumer_golden=build/upgrade-check/c-consumer-$keel_golden.safetensors
 consumer_hash=$(sha256sum "$consumer" | cut -d' ' -f1)
+plugins=()
+for r in "$keel_golden" "${keel_ci_extra[@]}" "$keel_newest"; do
+  plugins+=("$(build_dir "$r" release)/libkeel-plugin-$r-cpu.so")
+done
 echo "keel: ===== one C consumer binary, sha256 $consumer_hash ====="
 (
-  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:suppressions=$PWD/tests/sanitizers/asan.supp
-  export LSAN_OPTIONS=suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressions=0
-  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=$PWD/tests/sanitizers/ubsan.supp
-  "$consumer" record --out "$consumer_golden" --plugin \
-    "$(build_dir "$keel_golden" sanitize)/libkeel-plugin-$keel_golden-cpu.so"
-  # Leaks are the sanitizer suite's to find; here the other releases' libtorch runs.
-  export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:suppressions=$PWD/tests/sanitizers/asan.supp
-  for r in "${keel_ci_extra[@]}" "$keel_newest"; do
+  "$consumer" record --out "$consumer_golden" --plugin "${plugins[0]}"
+  for r in "$keel_golden" "${keel_ci_extra[@]}" "$keel_newest"; do
     "$consumer" compare --golden "$consumer_golden" --torch-release "$r" \
       --plugin-dir "$(build_dir "$r" release)"
     scripts/c-consumer-comm.sh "$consumer" --torch-release "$r" --plugin-dir "$(build_dir "$r" release)"
   done
 ) | tee build/upgrade-check/c-consumer.log
 [ "$(sha256sum "$consumer" | cut -d' ' -f1)" = "$consumer_hash" ]
-for r in "${keel_ci_extra[@]}" "$keel_newest"; do
+for r in "$keel_golden" "${keel_ci_extra[@]}" "$keel_newest"; do
   summary+=("$(printf '%-8s %-9s %-28s %s' "$r" c-abi "one consumer binary" \
-    "$(grep -A1 "built on libtorch $r" build/upgrade-check/c-consumer.log | sed -n 's/.*keel_c_consumer: \([0-9]* of [0-9]* cases pass\).*/\1, comm on 2 ranks passes/p')")")
+    "$(grep -A1 "built on libtorch $r" build/upgrade-check/c-consumer.log | sed -n 's/.*keel_c_consumer: \([0-9]* of [0-9]* cases pass\).*/\1, comm on 2 ranks passes/p' | head -n1)")")
 done
+scripts/abi-1.0-consumer.sh "$(build_dir "$keel_newest" release)/dlpack-include" "${plugins[@]}" |
+  tee build/upgrade-check/c-abi-1.0.log
+summary+=("$(printf '%-8s %-9s %-28s %s' all c-abi-1.0 "the 1.0 consumer" \
+  "$(tail -n1 build/upgrade-check/c-abi-1.0.log | sed 's/^keel: //')")")
 stage "C consumer across releases"
 lint_builds=("$(build_dir "$keel_golden" sanitize)" "$(build_dir "$keel_newest" release)")
 for r in "${keel_ci_extra[@]}"; do lint_builds+=("$(build_dir "$r" release)"); done
