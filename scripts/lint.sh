@@ -7,7 +7,9 @@
 # A clang build (the sanitize preset) is read as it is: clang-tidy loads its
 # precompiled ATen headers, which takes 40% off each file. GCC's precompiled
 # header is not readable by clang, so from a g++ build the -include of it is
-# dropped, in a private copy of the commands.
+# dropped, in a private copy of the commands. Each file's clean result is
+# cached (scripts/lint_tidy.py): a file is linted again only when it, its
+# command, a header it reads or the checks changed.
 #   scripts/lint.sh build/torch-2.9.1-sanitize build/torch-2.15.0
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: scripts/lint.sh BUILD_DIR [BUILD_DIR...]" >&2; exit 2; }
@@ -34,7 +36,7 @@ PY
   done
   left=("${rest[@]}")
   [ ${#files[@]} -gt 0 ] || continue
-  printf '%s\n' "${files[@]}" | xargs -P "$(nproc)" -n 1 clang-tidy --quiet -p "$lint_dir"
+  python3 scripts/lint_tidy.py "$lint_dir" "$build" "${files[@]}"
   echo "keel: clang-tidy clean on ${#files[@]} files in $build"
   total=$((total + ${#files[@]}))
 done

@@ -67,18 +67,23 @@ stage "$keel_newest release: build and test"
 # Another CPU's code paths: the conformance suites again with libtorch's
 # kernels, MKL and oneDNN held to AVX2 (what an AMD CPU runs in MKL) and to
 # no vector extension beyond SSE4 (ATen's "default"). Every numeric bound
-# must hold under each (docs/hardening.md).
+# must hold under each (docs/hardening.md). Left out of both: what no CPU
+# path changes (the tokenizer, and the C ABI, which is compared with v1 on
+# the same path); and out of the SSE4 run, SmolLM2's logits (a bound 20
+# times what they measure, run under AVX2).
 for isa in avx2 default; do
   (
     export ATEN_CPU_CAPABILITY=$isa
+    exclude=(-LE c_api -E Tokenizer)
     if [ "$isa" = avx2 ]; then
       export MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
     else
       export MKL_ENABLE_INSTRUCTIONS=SSE4_2 ONEDNN_MAX_CPU_ISA=SSE41
+      exclude=(-LE 'c_api|model')
     fi
     log=$(mktemp)
     status=0
-    ctest --preset release -L conformance 2>&1 | tee "$log" || status=$?
+    ctest --preset release -L conformance "${exclude[@]}" 2>&1 | tee "$log" || status=$?
     echo "$(printf '%-8s %-9s %-28s %s' "$keel_newest" "$isa" "conformance, CPU paths $isa" "$(keel_ctest_totals "$log")")" > build/cpu-paths-$isa.txt
     rm -f "$log"
     exit $status

@@ -41,11 +41,17 @@ result<std::vector<std::int64_t>> splits_of(const std::int64_t* p, std::size_t n
   return std::vector<std::int64_t>(p, p + n);
 }
 
+// A synchronous collective's result as a finished Work.
+result<comm::Work> done(result<void> r) {
+  if (!r) return r.error();
+  return comm::Work();
+}
+
 // Runs one collective whose arguments end alike (comm, timeout_ms, async,
-// work): `sync` and `async` are the v1 calls, given the call's options and
-// the borrowed inputs, which the work keeps alive.
-template <class Args, class Sync, class Async>
-KEEL_Error* collective(const char* call, Args* args, Sync&& sync, Async&& async) noexcept {
+// work): `run` reads the call's own arguments into borrowed inputs (which
+// an async work keeps alive) and calls v1, synchronously or not.
+template <class Args, class Run>
+KEEL_Error* collective(const char* call, Args* args, Run&& run) noexcept {
   return guarded(call, [&]() -> KEEL_Error* {
     KEEL_TRY(a, sized(args));
     Outputs<Args> out(args, &Args::work);
@@ -53,14 +59,11 @@ KEEL_Error* collective(const char* call, Args* args, Sync&& sync, Async&& async)
     comm::CallOptions options;
     if (a.timeout_ms > 0) options.timeout = std::chrono::milliseconds(a.timeout_ms);
     Inputs in;
-    if (a.async == 0) {
-      result<void> r = sync(a, a.comm->comm, options, in);
-      return r ? out.commit() : to_c(r.error());
+    const bool async = a.async != 0;
+    KEEL_TRY(work, run(a, a.comm->comm, options, in, async));
+    if (async) {
+      out.handle(&Args::work, std::make_unique<KEEL_Work>(KEEL_Work{std::move(work), in.all()}));
     }
-    result<comm::Work> w = async(a, a.comm->comm, options, in);
-    if (!w) return to_c(w.error());
-    auto work = std::make_unique<KEEL_Work>(KEEL_Work{std::move(w).value(), in.all()});
-    out.handle(&Args::work, std::move(work));
     return out.commit();
   });
 }
@@ -129,129 +132,80 @@ KEEL_Error* comm_info(KEEL_Comm_Info_Args* args) noexcept {
 }
 
 KEEL_Error* comm_all_reduce(KEEL_Comm_AllReduce_Args* args) noexcept {
-  using A = KEEL_Comm_AllReduce_Args;
-  return collective(
-      "KEEL_Comm_AllReduce", args,
-      [](const A& a, comm::Communicator& c, const comm::CallOptions& o,
-         Inputs& in) -> result<void> {
-        KEEL_TRY_RESULT(op, op_of(a.op));
-        KEEL_TRY_RESULT(t, writable(a.tensor, "tensor", in));
-        return c.all_reduce(t, op, o);
-      },
-      [](const A& a, comm::Communicator& c, const comm::CallOptions& o,
-         Inputs& in) -> result<comm::Work> {
-        KEEL_TRY_RESULT(op, op_of(a.op));
-        KEEL_TRY_RESULT(t, writable(a.tensor, "tensor", in));
-        return c.all_reduce_async(t, op, o);
-      });
+  return collective("KEEL_Comm_AllReduce", args,
+                    [](const KEEL_Comm_AllReduce_Args& a, comm::Communicator& c,
+                       const comm::CallOptions& o, Inputs& in, bool async) -> result<comm::Work> {
+                      KEEL_TRY_RESULT(op, op_of(a.op));
+                      KEEL_TRY_RESULT(t, writable(a.tensor, "tensor", in));
+                      return async ? c.all_reduce_async(t, op, o) : done(c.all_reduce(t, op, o));
+                    });
 }
 
 KEEL_Error* comm_broadcast(KEEL_Comm_Broadcast_Args* args) noexcept {
-  using A = KEEL_Comm_Broadcast_Args;
-  return collective(
-      "KEEL_Comm_Broadcast", args,
-      [](const A& a, comm::Communicator& c, const comm::CallOptions& o,
-         Inputs& in) -> result<void> {
-        KEEL_TRY_RESULT(t, writable(a.tensor, "tensor", in));
-        return c.broadcast(t, a.root, o);
-      },
-      [](const A& a, comm::Communicator& c, const comm::CallOptions& o,
-         Inputs& in) -> result<comm::Work> {
-        KEEL_TRY_RESULT(t, writable(a.tensor, "tensor", in));
-        return c.broadcast_async(t, a.root, o);
-      });
+  return collective("KEEL_Comm_Broadcast", args,
+                    [](const KEEL_Comm_Broadcast_Args& a, comm::Communicator& c,
+                       const comm::CallOptions& o, Inputs& in, bool async) -> result<comm::Work> {
+                      KEEL_TRY_RESULT(t, writable(a.tensor, "tensor", in));
+                      return async ? c.broadcast_async(t, a.root, o)
+                                   : done(c.broadcast(t, a.root, o));
+                    });
 }
 
 KEEL_Error* comm_all_gather(KEEL_Comm_AllGather_Args* args) noexcept {
-  using A = KEEL_Comm_AllGather_Args;
-  return collective(
-      "KEEL_Comm_AllGather", args,
-      [](const A& a, comm::Communicator& c, const comm::CallOptions& o,
-         Inputs& in) -> result<void> {
-        KEEL_TRY_RESULT(output, writable(a.output, "output", in));
-        KEEL_TRY_RESULT(input, in.take(a.input, "input"));
-        return c.all_gather(output, input, o);
-      },
-      [](const A& a, comm::Communicator& c, const comm::CallOptions& o,
-         Inputs& in) -> result<comm::Work> {
-        KEEL_TRY_RESULT(output, writable(a.output, "output", in));
-        KEEL_TRY_RESULT(input, in.take(a.input, "input"));
-        return c.all_gather_async(output, input, o);
-      });
+  return collective("KEEL_Comm_AllGather", args,
+                    [](const KEEL_Comm_AllGather_Args& a, comm::Communicator& c,
+                       const comm::CallOptions& o, Inputs& in, bool async) -> result<comm::Work> {
+                      KEEL_TRY_RESULT(output, writable(a.output, "output", in));
+                      KEEL_TRY_RESULT(input, in.take(a.input, "input"));
+                      return async ? c.all_gather_async(output, input, o)
+                                   : done(c.all_gather(output, input, o));
+                    });
 }
 
 KEEL_Error* comm_reduce_scatter(KEEL_Comm_ReduceScatter_Args* args) noexcept {
-  using A = KEEL_Comm_ReduceScatter_Args;
-  return collective(
-      "KEEL_Comm_ReduceScatter", args,
-      [](const A& a, comm::Communicator& c, const comm::CallOptions& o,
-         Inputs& in) -> result<void> {
-        KEEL_TRY_RESULT(op, op_of(a.op));
-        KEEL_TRY_RESULT(output, writable(a.output, "output", in));
-        KEEL_TRY_RESULT(input, in.take(a.input, "input"));
-        return c.reduce_scatter(output, input, op, o);
-      },
-      [](const A& a, comm::Communicator& c, const comm::CallOptions& o,
-         Inputs& in) -> result<comm::Work> {
-        KEEL_TRY_RESULT(op, op_of(a.op));
-        KEEL_TRY_RESULT(output, writable(a.output, "output", in));
-        KEEL_TRY_RESULT(input, in.take(a.input, "input"));
-        return c.reduce_scatter_async(output, input, op, o);
-      });
+  return collective("KEEL_Comm_ReduceScatter", args,
+                    [](const KEEL_Comm_ReduceScatter_Args& a, comm::Communicator& c,
+                       const comm::CallOptions& o, Inputs& in, bool async) -> result<comm::Work> {
+                      KEEL_TRY_RESULT(op, op_of(a.op));
+                      KEEL_TRY_RESULT(output, writable(a.output, "output", in));
+                      KEEL_TRY_RESULT(input, in.take(a.input, "input"));
+                      return async ? c.reduce_scatter_async(output, input, op, o)
+                                   : done(c.reduce_scatter(output, input, op, o));
+                    });
 }
 
 KEEL_Error* comm_all_to_all(KEEL_Comm_AllToAll_Args* args) noexcept {
-  using A = KEEL_Comm_AllToAll_Args;
   return collective(
       "KEEL_Comm_AllToAll", args,
-      [](const A& a, comm::Communicator& c, const comm::CallOptions& o,
-         Inputs& in) -> result<void> {
+      [](const KEEL_Comm_AllToAll_Args& a, comm::Communicator& c, const comm::CallOptions& o,
+         Inputs& in, bool async) -> result<comm::Work> {
         KEEL_TRY_RESULT(output, writable(a.output, "output", in));
         KEEL_TRY_RESULT(input, in.take(a.input, "input"));
         KEEL_TRY_RESULT(os, splits_of(a.output_splits, a.num_output_splits, "output_splits"));
         KEEL_TRY_RESULT(is, splits_of(a.input_splits, a.num_input_splits, "input_splits"));
-        return c.all_to_all(output, input, os, is, o);
-      },
-      [](const A& a, comm::Communicator& c, const comm::CallOptions& o,
-         Inputs& in) -> result<comm::Work> {
-        KEEL_TRY_RESULT(output, writable(a.output, "output", in));
-        KEEL_TRY_RESULT(input, in.take(a.input, "input"));
-        KEEL_TRY_RESULT(os, splits_of(a.output_splits, a.num_output_splits, "output_splits"));
-        KEEL_TRY_RESULT(is, splits_of(a.input_splits, a.num_input_splits, "input_splits"));
-        return c.all_to_all_async(output, input, os, is, o);
+        return async ? c.all_to_all_async(output, input, os, is, o)
+                     : done(c.all_to_all(output, input, os, is, o));
       });
 }
 
 KEEL_Error* comm_send(KEEL_Comm_Send_Args* args) noexcept {
-  using A = KEEL_Comm_Send_Args;
-  return collective(
-      "KEEL_Comm_Send", args,
-      [](const A& a, comm::Communicator& c, const comm::CallOptions& o,
-         Inputs& in) -> result<void> {
-        KEEL_TRY_RESULT(t, in.take(a.tensor, "tensor"));
-        return c.send(t, a.peer, a.tag, o);
-      },
-      [](const A& a, comm::Communicator& c, const comm::CallOptions& o,
-         Inputs& in) -> result<comm::Work> {
-        KEEL_TRY_RESULT(t, in.take(a.tensor, "tensor"));
-        return c.send_async(t, a.peer, a.tag, o);
-      });
+  return collective("KEEL_Comm_Send", args,
+                    [](const KEEL_Comm_Send_Args& a, comm::Communicator& c,
+                       const comm::CallOptions& o, Inputs& in, bool async) -> result<comm::Work> {
+                      KEEL_TRY_RESULT(t, in.take(a.tensor, "tensor"));
+                      return async ? c.send_async(t, a.peer, a.tag, o)
+                                   : done(c.send(t, a.peer, a.tag, o));
+                    });
 }
 
 KEEL_Error* comm_recv(KEEL_Comm_Recv_Args* args) noexcept {
-  using A = KEEL_Comm_Recv_Args;
-  return collective(
-      "KEEL_Comm_Recv", args,
-      [](const A& a, comm::Communicator& c, const comm::CallOptions& o,
-         Inputs& in) -> result<void> {
-        KEEL_TRY_RESULT(t, writable(a.tensor, "tensor", in));
-        return c.recv(t, a.peer, a.tag, o);
-      },
-      [](const A& a, comm::Communicator& c, const comm::CallOptions& o,
-         Inputs& in) -> result<comm::Work> {
-        KEEL_TRY_RESULT(t, writable(a.tensor, "tensor", in));
-        return c.recv_async(t, a.peer, a.tag, o);
-      });
+  return collective("KEEL_Comm_Recv", args,
+                    [](const KEEL_Comm_Recv_Args& a, comm::Communicator& c,
+                       const comm::CallOptions& o, Inputs& in, bool async) -> result<comm::Work> {
+                      KEEL_TRY_RESULT(t, writable(a.tensor, "tensor", in));
+                      return async ? c.recv_async(t, a.peer, a.tag, o)
+                                   : done(c.recv(t, a.peer, a.tag, o));
+                    });
 }
 
 KEEL_Error* comm_barrier(KEEL_Comm_Barrier_Args* args) noexcept {

@@ -133,6 +133,7 @@ class Outputs {
   template <class... F>
   explicit Outputs(Args* args, F Args::*... fields) : args_(args), size_(args->struct_size) {
     (write(offset_of(fields), sizeof(F), nullptr), ...);
+    staged_.reserve(sizeof...(F));
   }
   Outputs(const Outputs&) = delete;
   Outputs& operator=(const Outputs&) = delete;
