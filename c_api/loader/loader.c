@@ -356,16 +356,19 @@ static int32_t load_locked(KEEL_LoadOptions* o) {
   }
   char present[32];
   uint64_t abi = 0;
-  if (torch_release_in(RTLD_DEFAULT, present, sizeof present, &abi) &&
-      strcmp(present, note.release) != 0) {
+  const int has_torch = torch_release_in(RTLD_DEFAULT, present, sizeof present, &abi);
+  if (has_torch && strcmp(present, note.release) != 0) {
     return fail(o, KEEL_ERRC_UNSUPPORTED,
                 "this process already runs libtorch %s; keel plugin '%s' is built for libtorch "
                 "%s (one libtorch per process: load the %s plugin)",
                 present, real, note.release, present);
   }
+  // A libtorch already in the process is the plugin's: opening another copy
+  // by path would load a second one beside it (a path is not matched by
+  // soname), so the folder is used only by a process that has none.
   const char* torch_dir = o->torch_library_dir;
   if (torch_dir == NULL || torch_dir[0] == '\0') torch_dir = getenv("KEEL_TORCH_LIBRARY_DIR");
-  if (torch_dir != NULL && torch_dir[0] != '\0') {
+  if (!has_torch && process_release[0] == '\0' && torch_dir != NULL && torch_dir[0] != '\0') {
     code = open_torch_libraries(o, torch_dir, &note);
     if (code != KEEL_ERRC_OK) return code;
   }

@@ -4,11 +4,13 @@
 // the struct-size rules, and every bad input or bad plugin an error value.
 // Tensors cross with libtorch's own DLPack functions, as docs/c-api.md's
 // bridge shows a service on libtorch.
+#include <dlfcn.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -18,6 +20,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/DLConvertor.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 
@@ -908,6 +911,25 @@ INSTANTIATE_TEST_SUITE_P(
                   },
                   KEEL_ERRC_IO_ERROR, "libkeel-plugin-2.8.0-cpu.so"}),
     [](const ::testing::TestParamInfo<BadPlugin>& info) { return std::string(info.param.name); });
+
+// A process that already runs a libtorch shares it with the plugin: a
+// torch_library_dir is then not opened, since a copy of libc10 opened by
+// path would be a second one beside the process's (a path is not matched by
+// soname).
+TEST(CApiConformance, ALibtorchInTheProcessWinsOverTheFolder) {
+  Dl_info info{};
+  ASSERT_NE(dladdr(reinterpret_cast<void*>(&c10::GetCPUAllocator), &info), 0);
+  const std::string dir = ::testing::TempDir() + "keel-c-api-torch-lib";
+  ASSERT_EQ(std::system(("mkdir -p '" + dir + "'").c_str()), 0);
+  const std::string c10_copy = dir + "/libc10.so";
+  std::ofstream(c10_copy, std::ios::binary) << read_all(info.dli_fname);
+  keel::c::LoadOptions o = path_option(temp_file("same-release.so", read_all(KEEL_PLUGIN_FILE)));
+  o.torch_library_dir = dir;
+  keel::c::Result<keel::c::Plugin> r = keel::c::Plugin::load(o);
+  ASSERT_TRUE(r) << r.error().message();
+  EXPECT_EQ(dlopen(c10_copy.c_str(), RTLD_NOW | RTLD_NOLOAD), nullptr)
+      << "a second libc10 was loaded from the folder";
+}
 
 TEST(CApiConformance, LoaderFindsThePluginByReleaseAndReturnsTheSameTable) {
   keel::c::LoadOptions o;
