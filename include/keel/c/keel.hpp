@@ -6,7 +6,9 @@
 /// libtorch release: they include this header (and `keel/c/loader.h`), link
 /// `libkeel_loader.so`, and never see a torch header.
 ///
-///     auto plugin = keel::c::Plugin::load({/*torch_release=*/"2.15.0"});
+///     keel::c::LoadOptions options;
+///     options.torch_release = "2.15.0";
+///     auto plugin = keel::c::Plugin::load(options);
 ///
 /// @snippet examples/c_consumer/consumer.cpp c_face_attention
 ///
