@@ -7,10 +7,11 @@
 #                                conformance, distributed and keel-compat test but
 #                                SmolLM2's logits, the fuzz targets' regressions and a
 #                                20-second campaign each
-#   the newest release           release build (g++): every test but the two that
+#   the newest release           release build (g++): every test but the three that
 #                                do not depend on the release and ran above (the
-#                                fault soak, tiny_lm's training test: the stage
-#                                across releases trains it here); the ABI check; the
+#                                fault soak, the server's hostile suite, tiny_lm's
+#                                training test: the stage across releases trains it
+#                                here); the ABI check; the
 #                                conformance suites again on AVX2's code paths
 #   releases tagged "ci"         the targets those steps use (conformance preset):
 #                                the conformance suites of every adapter, gloo's
@@ -65,8 +66,8 @@ build_dir() { if [ "$2" = release ]; then echo "build/torch-$1"; else echo "buil
 # builds; the golden release's recording below runs the model under ASan.
 run_suite "every test but SmolLM2's logits" sanitize sanitize "$keel_golden" -E '^Prompts/SmolLM2Conformance\.'
 stage "$keel_golden sanitize: build and test"
-run_suite "every test but 2 run above" release release "$keel_newest" \
-  -E '^CommDistributed\.SoakRandomFaults|^examples\.tiny_lm_trains'
+run_suite "every test but 3 run above" release release "$keel_newest" \
+  -E '^CommDistributed\.SoakRandomFaults|^examples\.tiny_lm_trains|^examples\.serve_survives'
 stage "$keel_newest release: build and test"
 # Another CPU's code paths: the conformance suites again with libtorch's
 # kernels, MKL and oneDNN held to AVX2 (what an AMD CPU runs in MKL); every

@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <random>
 #include <stdexcept>
 #include <utility>
 
@@ -57,6 +58,7 @@ void Request::post(Event e) {
     events_.push_back(std::move(e));
   }
   cv_.notify_all();
+  if (notify_) notify_();
 }
 
 // --- the engine ---------------------------------------------------------------
@@ -132,26 +134,39 @@ std::optional<std::vector<std::int64_t>> Engine::encode(const std::string& text,
   return ids;
 }
 
-std::shared_ptr<Request> Engine::submit(Params params, std::string* why, int* status) {
+std::shared_ptr<Request> Engine::submit(Params params, std::function<void()> notify,
+                                        std::string* why, int* status) {
   auto r = std::make_shared<Request>();
+  r->notify_ = std::move(notify);
+  // An unseeded request draws its seed; a seeded one (0 included) repeats.
+  r->rng_ = params.seed ? *params.seed : std::random_device{}() * 0x100000001ULL;
+  const auto prompt = static_cast<std::int64_t>(params.prompt.size());
   std::lock_guard<std::mutex> lock(mutex_);
-  if (stopping_) {
+  *status = 503;
+  if (stopping_ || closed_) {
     *why = "the server is shutting down";
-    *status = 503;
     return nullptr;
   }
   if (static_cast<std::int64_t>(waiting_.size()) >= options_.max_waiting) {
     *why = "the server has " + std::to_string(waiting_.size()) + " requests queued; try again";
-    *status = 503;
+    return nullptr;
+  }
+  if (waiting_tokens_ + prompt > options_.max_waiting_tokens && !waiting_.empty()) {
+    *why = "the server has " + std::to_string(waiting_tokens_) + " prompt tokens queued; try again";
     return nullptr;
   }
   r->id_ = next_id_++;
-  r->rng_ = params.seed != 0 ? params.seed : r->id_;
   r->tokens_ = params.prompt;
   r->params_ = std::move(params);
   waiting_.push_back(r);
+  waiting_tokens_ += prompt;
   wake_.notify_all();
   return r;
+}
+
+void Engine::close() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  closed_ = true;
 }
 
 Stats Engine::stats() {
@@ -162,6 +177,7 @@ Stats Engine::stats() {
   s.steps = steps_.load();
   s.tokens_generated = generated_.load();
   s.failed_steps = failed_steps_.load();
+  s.preemptions = preemptions_.load();
   std::lock_guard<std::mutex> lock(mutex_);
   s.waiting = static_cast<std::int64_t>(waiting_.size());
   return s;
@@ -204,6 +220,7 @@ void Engine::loop() {
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& r : waiting_) finish(r, "", "the server is shutting down");
   waiting_.clear();
+  waiting_tokens_ = 0;
 }
 
 void Engine::admit() {
@@ -212,22 +229,22 @@ void Engine::admit() {
   std::lock_guard<std::mutex> lock(mutex_);
   while (!waiting_.empty() && static_cast<std::int64_t>(running_.size()) < limit) {
     const std::shared_ptr<Request> r = waiting_.front();
+    const auto prompt = static_cast<std::int64_t>(r->params_.prompt.size());
     if (r->cancelled_.load() || r->params_.max_tokens == 0) {
       waiting_.pop_front();
+      if (!r->preempted_) waiting_tokens_ -= prompt;
       finish(r, "length", r->cancelled_.load() ? "cancelled" : "");
       continue;
     }
-    // Admission reserves the request's whole sequence: an admitted request
-    // never waits for pages (no preemption), and the pool was sized at
-    // start for one sequence of max_model_len, so the head of the queue is
-    // always admitted once the running requests are done.
-    const std::int64_t length =
-        static_cast<std::int64_t>(r->params_.prompt.size()) + r->params_.max_tokens;
+    // Admission takes the pages of what is to be computed now (the prompt,
+    // or a preempted request's prompt and output); the pages of later
+    // tokens are taken as they come (grow), and preemption gives them back.
     std::optional<std::vector<std::int64_t>> pages =
-        pool_.allocate(pages_for(length, options_.page_size));
+        pool_.allocate(pages_for(static_cast<std::int64_t>(r->tokens_.size()), options_.page_size));
     if (!pages) break;
     r->pages_ = std::move(*pages);
     waiting_.pop_front();
+    if (!r->preempted_) waiting_tokens_ -= prompt;
     running_.push_back(r);
     // Counted as it is admitted: a client that has its first token (sent
     // during the step that follows) sees the request among the running.
@@ -235,7 +252,55 @@ void Engine::admit() {
   }
 }
 
+void Engine::preempt(const std::shared_ptr<Request>& r) {
+  // Recompute, as vLLM V1: the pages go back; the request waits at the
+  // head of the queue with its tokens, and computes them again when it is
+  // admitted. What it already sent stays sent.
+  pool_.release(r->pages_);
+  r->computed_ = 0;
+  r->preempted_ = true;
+  preemptions_.fetch_add(1);
+  running_.erase(std::find(running_.begin(), running_.end(), r));
+  std::lock_guard<std::mutex> lock(mutex_);
+  waiting_.push_front(r);
+}
+
+void Engine::grow() {
+  // Each running request gets the pages its next step writes, oldest first;
+  // when none is free the newest still running is preempted, this one
+  // included. The pool holds one sequence of max_model_len, so the oldest
+  // can always grow: no deadlock.
+  // By index: preemption erases from running_ as the loop goes.
+  for (std::size_t i = 0; i < running_.size(); ++i) {  // NOLINT(modernize-loop-convert)
+    const std::shared_ptr<Request> r = running_[i];
+    if (r->finished_) continue;
+    const std::int64_t need =
+        pages_for(static_cast<std::int64_t>(r->tokens_.size()), options_.page_size) -
+        static_cast<std::int64_t>(r->pages_.size());
+    if (need <= 0) continue;
+    bool preempted = false;
+    while (pool_.free_pages() < need && !preempted) {
+      // A finished row of a static batch keeps its pages until the batch
+      // ends; r itself still runs, so the search stops at i.
+      std::size_t v = running_.size() - 1;
+      while (running_[v]->finished_) --v;
+      if (v == 0) break;  // r alone: the pool is smaller than one sequence
+      preempted = running_[v] == r;
+      preempt(running_[v]);
+    }
+    if (preempted) break;  // r and everything after it wait
+    std::optional<std::vector<std::int64_t>> pages = pool_.allocate(need);
+    if (!pages) {
+      finish(r, "", "the KV cache cannot hold this request");
+      continue;
+    }
+    r->pages_.insert(r->pages_.end(), pages->begin(), pages->end());
+  }
+  running_count_.store(static_cast<std::int64_t>(running_.size()));
+}
+
 std::vector<Engine::Row> Engine::schedule() {
+  grow();
   std::vector<Row> rows;
   std::int64_t budget = options_.token_budget;
   // Decodes first (one token each, or a padded row of a static batch), then

@@ -2,7 +2,7 @@
 // a scheduler that batches requests step by step, and the tiny LM's forward
 // over packed ragged queries (keel::attention(PackedQueries, PagedKVCache)).
 // One thread (the engine's loop) owns the cache, the pages and the running
-// requests; HTTP threads only submit, cancel and read events.
+// requests; the HTTP thread only submits, cancels and reads events.
 #pragma once
 
 #include <array>
@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -66,12 +67,12 @@ struct Params {
   std::vector<std::int64_t> prompt;
   std::int64_t max_tokens = 16;
   double temperature = 1.0;
-  double top_p = 1.0;  ///< nucleus sampling: (0, 1]
-  std::uint64_t seed = 0;
+  double top_p = 1.0;                 ///< nucleus sampling: (0, 1]
+  std::optional<std::uint64_t> seed;  ///< absent: a fresh random seed
   std::vector<std::string> stop;
 };
 
-/// One request, shared between its HTTP thread and the engine.
+/// One request, shared between the HTTP layer and the engine.
 class Request {
  public:
   /// The next event, waiting at most `wait`; nullopt if none came.
@@ -83,6 +84,7 @@ class Request {
   friend class Engine;
   void post(Event e);
 
+  std::function<void()> notify_;
   Params params_;
   std::uint64_t id_ = 0;
   std::vector<std::int64_t> tokens_;  // the prompt, then what was generated
@@ -91,7 +93,8 @@ class Request {
   std::string text_;           // generated text; sent_ of it went out
   std::size_t sent_ = 0;
   std::uint64_t rng_ = 0;
-  bool finished_ = false;  // static batching: a padded row until the batch ends
+  bool finished_ = false;   // static batching: a padded row until the batch ends
+  bool preempted_ = false;  // its pages were taken back once; it recomputes
 
   std::atomic<bool> cancelled_{false};
   std::mutex mutex_;
@@ -106,13 +109,15 @@ struct EngineOptions {
   std::int64_t max_model_len = 512;
   std::int64_t max_batch = 64;      ///< sequences in one step
   std::int64_t token_budget = 512;  ///< tokens in one step (decodes first, then prefill chunks)
-  std::int64_t max_waiting = 1024;  ///< queued requests beyond which submit() refuses
+  std::int64_t max_waiting = 64;    ///< queued requests beyond which submit() refuses
+  std::int64_t max_waiting_tokens = 16384;  ///< queued prompt tokens beyond which it refuses
 };
 
 /// What /keel/stats reports.
 struct Stats {
   std::int64_t pages_total = 0, pages_free = 0, running = 0, waiting = 0;
   std::int64_t steps = 0, tokens_generated = 0, failed_steps = 0;
+  std::int64_t preemptions = 0;  ///< requests whose pages were taken back, to recompute later
 };
 
 class Engine {
@@ -125,8 +130,11 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   /// Queues a validated request; nullptr with `*why` when the queue is full
-  /// or the engine has stopped (the HTTP status for it in `*status`).
-  std::shared_ptr<Request> submit(Params params, std::string* why, int* status);
+  /// (requests or prompt tokens), or the engine is closed or stopped (the
+  /// HTTP status for it in `*status`). `notify`, if set, is called on the
+  /// engine's thread, with no lock held, after each event is posted.
+  std::shared_ptr<Request> submit(Params params, std::function<void()> notify, std::string* why,
+                                  int* status);
   /// Tokenizes text into the model's vocabulary; nullopt with `*why` naming
   /// the first character it does not know.
   std::optional<std::vector<std::int64_t>> encode(const std::string& text, std::string* why) const;
@@ -135,6 +143,8 @@ class Engine {
   }
   [[nodiscard]] const EngineOptions& options() const { return options_; }
   [[nodiscard]] Stats stats();
+  /// Refuses new requests; running and queued ones go on (a drain).
+  void close();
   /// Stops the loop; running and queued requests end with an error event.
   void stop();
 
@@ -145,6 +155,8 @@ class Engine {
   };
   void loop();
   void admit();
+  void grow();
+  void preempt(const std::shared_ptr<Request>& r);
   std::vector<Row> schedule();
   void run_step(const std::vector<Row>& rows);
   void emit_token(Request& r, std::int64_t token);
@@ -162,9 +174,11 @@ class Engine {
   std::mutex mutex_;  // guards waiting_, stopping_ and the counters
   std::condition_variable wake_;
   std::deque<std::shared_ptr<Request>> waiting_;
-  bool stopping_ = false;
+  std::int64_t waiting_tokens_ = 0;  // prompt tokens of waiting_ (as submitted)
+  bool stopping_ = false, closed_ = false;
   std::uint64_t next_id_ = 1;
-  std::atomic<std::int64_t> running_count_{0}, steps_{0}, generated_{0}, failed_steps_{0};
+  std::atomic<std::int64_t> running_count_{0}, steps_{0}, generated_{0}, failed_steps_{0},
+      preemptions_{0};
 
   std::vector<std::shared_ptr<Request>> running_;  // the loop's own
   std::thread thread_;

@@ -174,7 +174,7 @@ class Server {
                                      mode,
                                      "--port-file",
                                      port_file_,
-                                     "--max-clients",
+                                     "--max-waiting",
                                      std::to_string(clients),
                                      "--threads",
                                      std::to_string(o.threads)};

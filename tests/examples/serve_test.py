@@ -216,18 +216,52 @@ server.assert_pages_back("client left while queued")
 # 9. A client that leaves before the first byte of a non-streamed reply.
 s = socket.create_connection(("127.0.0.1", server.port), timeout=30)
 body = json.dumps({"model": "tiny-lm", "prompt": PROMPT, "max_tokens": 400}).encode()
-s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
-          + body)
+s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+          + b"Content-Length: %d\r\n\r\n" % len(body) + body)
 before = server.stats()["tokens_generated"]
 time.sleep(0.1)
 s.close()
 server.assert_pages_back("client left before a non-streamed reply")
 assert server.stats()["tokens_generated"] - before < 300, server.stats()
 
+# 10. What clients expect of the API.
+# Ids are unique (random, not addresses that repeat).
+ids = {client.completions.create(model="tiny-lm", prompt=PROMPT, max_tokens=1).id
+       for _ in range(50)}
+assert len(ids) == 50 and all(re.fullmatch(r"cmpl-[0-9a-f]{32}", i) for i in ids), ids
+# A seed, 0 included, repeats its sample; no seed draws a fresh one.
+def sampled(**seed):
+    return client.completions.create(model="tiny-lm", prompt=PROMPT, max_tokens=32,
+                                     temperature=1, **seed).choices[0].text
+for seed in (0, 1):
+    assert sampled(seed=seed) == sampled(seed=seed), f"seed {seed} did not repeat"
+assert sampled(seed=0) != sampled(seed=1), "seeds 0 and 1 drew the same 32 characters"
+assert sampled() != sampled(), "two unseeded requests drew the same 32 characters"
+# Fields the server does not implement are refused by name, unless they hold
+# the value that means "off"; unknown fields too.
+for field, value in [("frequency_penalty", 0.5), ("presence_penalty", 1), ("top_k", 5),
+                     ("echo", "yes"), ("logprobs", 1), ("best_of", 2), ("suffix", "x"),
+                     ("logit_bias", {"1": 5}), ("max_completion_tokens", 3)]:
+    code, body = server.post({"model": "tiny-lm", "prompt": PROMPT, field: value})
+    assert code == 400 and body["error"]["param"] == field, (field, code, body)
+for field, value in [("frequency_penalty", 0), ("presence_penalty", 0), ("echo", False),
+                     ("n", 1), ("logprobs", None), ("user", "someone")]:
+    code, body = server.post({"model": "tiny-lm", "prompt": PROMPT, "max_tokens": 2, field: value})
+    assert code == 200, (field, value, code, body)
+# Each error names the parameter at fault.
+for body, param, words in [({"prompt": PROMPT * 20}, "prompt", "context length"),
+                           ({"prompt": [1.5]}, "prompt", "integers"),
+                           ({"prompt": PROMPT, "seed": 1.5}, "seed", "integer"),
+                           ({"prompt": PROMPT, "max_tokens": 500}, "max_tokens", "context length")]:
+    code, reply = server.post({"model": "tiny-lm", **body})
+    assert code == 400 and reply["error"]["param"] == param and words in reply["error"]["message"], \
+        (body, reply)
+server.assert_pages_back("the API clients expect")
+
 server.stop()
 print("ok SIGTERM: keel-serve stopped with every page free")
 
-# 10. A cache that cannot hold one sequence of the context is refused at start.
+# 11. A cache that cannot hold one sequence of the context is refused at start.
 bad = subprocess.run([serve, "--weights", "w.pt", "--pages", "2", "--max-model-len", "512"],
                      capture_output=True, text=True, timeout=60)
 assert bad.returncode == 2 and "cannot hold one sequence" in bad.stderr, bad
