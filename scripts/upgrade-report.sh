@@ -6,7 +6,7 @@
 # and replays the --from release's training record on the others, runs
 # SmolLM2-135M-Instruct (examples/models) on every release (its greedy texts
 # and logits recorded on --from and judged on the others, its prefill and
-# decode speed and peak memory), serves each release's tiny model under load
+# decode speed and peak memory), serves SmolLM2 on each release under load
 # (examples/serve), and
 # prints one summary row per pair and the path of the report's front page
 # (build/upgrade-report/index.html: self-contained, readable offline).
@@ -98,15 +98,13 @@ done
 echo
 echo "keel: ===== tiny_lm: trained on $from ====="
 tiny=$out/tiny_lm-$from.safetensors
-"build/torch-$from/tiny_lm" --record "$tiny" --curve "$out/tiny_lm-curve-$from.json" \
-  --save-weights "$out/tiny_lm-weights-$from.pt"
+"build/torch-$from/tiny_lm" --record "$tiny" --curve "$out/tiny_lm-curve-$from.json"
 index_args=(--tiny-lm "$out/tiny_lm-curve-$from.json")
 for r in "${to[@]}"; do
   echo
   echo "keel: ===== tiny_lm: trained on $r, judged against $from ====="
   "build/torch-$r/tiny_lm" --compare "$tiny" --repeat 2 --json "$out/tiny_lm-$from-to-$r.json" \
-    --html "$out/tiny_lm-$from-to-$r.html" --curve "$out/tiny_lm-curve-$r.json" \
-    --save-weights "$out/tiny_lm-weights-$r.pt" || status=1
+    --html "$out/tiny_lm-$from-to-$r.html" --curve "$out/tiny_lm-curve-$r.json" || status=1
   index_args+=(--tiny-lm "$out/tiny_lm-curve-$r.json" --compare "$out/tiny_lm-$from-to-$r.json")
 done
 # SmolLM2-135M-Instruct from its published weights (examples/models): its
@@ -144,14 +142,14 @@ for r in "${all[@]}"; do
     index_args+=(--smollm2-bench "$out/smollm2-bench-$r-$dtype.json")
   done
 done
-# The model each release trained, served on that release under load
-# (docs/serving.md): throughput and latency per release beside the curves.
+# SmolLM2 served on each release under load (docs/serving.md): throughput
+# and latency per release.
 for r in "${all[@]}"; do
   echo
-  echo "keel: ===== keel-serve on $r: its own tiny_lm, 8 and 32 clients ====="
+  echo "keel: ===== keel-serve on $r: SmolLM2-135M-Instruct, 8 and 32 clients ====="
   "build/torch-$r/keel-serve-load" --server "build/torch-$r/keel-serve" \
-    --weights "$out/tiny_lm-weights-$r.pt" --clients 8,32 --modes continuous,static \
-    --time-limit 300 --json "$out/serve-$r.json" || status=1
+    --model "${KEEL_DEPS_DIR:-$HOME/.cache/keel}/models/smollm2-135m-instruct" --clients 8,32 \
+    --modes continuous,static --threads 2 --time-limit 300 --json "$out/serve-$r.json" || status=1
   index_args+=(--serve "$out/serve-$r.json")
 done
 python3 scripts/upgrade_index.py --out "$out/index.html" --title "keel upgrade report: $from -> ${to[*]}" \

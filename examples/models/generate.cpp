@@ -2,9 +2,11 @@
 // keel, from the command line.
 //
 //   keel-generate [--model DIR] [--dtype float32|bfloat16] [--max-tokens N] [--chat]
-//                 [--threads N] PROMPT...
+//                 [--threads N] [--json F] PROMPT...
 //       greedy continuations of each prompt (with --chat, each prompt is one
-//       user turn rendered with the model's chat template)
+//       user turn rendered with the model's chat template), until a stop
+//       token (models::stop_tokens) or N tokens; --json writes each prompt's
+//       tokens and text
 //   keel-generate --record FILE | --compare FILE [--json F] [--texts F]
 //       the upgrade check (docs/compat.md): the last-position logits and 32
 //       greedy tokens of fixed prompts, recorded on one release and judged
@@ -211,7 +213,7 @@ int usage(const std::string& why) {
   std::cerr
       << "keel-generate: " << why
       << "\nusage: keel-generate [--model DIR] [--dtype float32|bfloat16] [--max-tokens N] "
-         "[--chat] [--threads N] PROMPT...\n"
+         "[--chat] [--threads N] [--json F] PROMPT...\n"
          "       keel-generate [--model DIR] --record FILE | --compare FILE [--json F] "
          "[--texts F]\n"
          "       keel-generate [--model DIR] [--dtype D] --bench [--json F] | --bench-serve\n";
@@ -276,16 +278,26 @@ int run(int argc, char** argv) {
   if (o.bench_serve) return bench_serve(m, tok);
 
   if (!o.prompts.empty()) {
-    std::vector<std::int64_t> stop = {m.config().eos_token_id};
+    const std::vector<std::int64_t> stop = models::stop_tokens(tok, m.config().eos_token_id);
+    nlohmann::json out = nlohmann::json::array();
     for (const std::string& p : o.prompts) {
       const std::string text = o.chat ? chat.value().render({{"user", p}}, true) : p;
       auto g = greedy(m, tok.encode(text), o.max_tokens, stop);
       if (!g) return usage(g.error().to_string());
-      std::vector<std::int64_t> tokens = g.value().tokens;
-      if (!tokens.empty() && std::find(stop.begin(), stop.end(), tokens.back()) != stop.end()) {
-        tokens.pop_back();  // the stop token itself is not text
+      // Neither the stop token nor any special token is text (as keel-serve).
+      std::vector<std::int64_t> shown;
+      for (const std::int64_t t : g.value().tokens) {
+        if (std::find(stop.begin(), stop.end(), t) == stop.end() && !tok.is_special(t)) {
+          shown.push_back(t);
+        }
       }
-      std::cout << p << (o.chat ? "\n-> " : "") << tok.decode(tokens).value() << "\n";
+      const std::string continuation = tok.decode(shown).value();
+      std::cout << p << (o.chat ? "\n-> " : "") << continuation << "\n";
+      out.push_back({{"prompt", p}, {"tokens", g.value().tokens}, {"text", continuation}});
+    }
+    if (!o.json.empty()) {
+      std::ofstream(o.json) << out.dump(1, ' ', false, nlohmann::json::error_handler_t::replace)
+                            << "\n";
     }
     return 0;
   }

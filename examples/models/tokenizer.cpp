@@ -474,4 +474,13 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages,
   return out;
 }
 
+std::vector<std::int64_t> stop_tokens(const Tokenizer& tokenizer, std::int64_t eos_token_id) {
+  std::vector<std::int64_t> out;
+  for (const std::int64_t id :
+       {eos_token_id, tokenizer.token_id("<|im_end|>"), tokenizer.token_id("<|endoftext|>")}) {
+    if (id >= 0 && std::find(out.begin(), out.end(), id) == out.end()) out.push_back(id);
+  }
+  return out;
+}
+
 }  // namespace models

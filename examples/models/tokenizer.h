@@ -84,6 +84,11 @@ class Tokenizer {
   std::vector<std::pair<std::vector<char32_t>, std::int64_t>> added_;  // longest first
 };
 
+/// The tokens that end a generated text: the model's end of sequence
+/// (`eos_token_id`, if >= 0) and the tokenizer's `<|im_end|>` and
+/// `<|endoftext|>` where it has them, each once.
+std::vector<std::int64_t> stop_tokens(const Tokenizer& tokenizer, std::int64_t eos_token_id);
+
 /// One message of a conversation.
 struct ChatMessage {
   std::string role;  ///< "system", "user" or "assistant"

@@ -40,20 +40,77 @@ bool parse_bounded(const std::string& body, int max_depth, json* out, std::strin
   return false;
 }
 
-// Fields of OpenAI's completions API that this server does not implement,
-// with the value that means "off": present with any other value, refused.
-const std::map<std::string, json>& neutral_fields() {
-  static const std::map<std::string, json> fields = {{"best_of", 1},
-                                                     {"echo", false},
-                                                     {"frequency_penalty", 0},
-                                                     {"logit_bias", json::object()},
-                                                     {"logprobs", nullptr},
-                                                     {"presence_penalty", 0},
-                                                     {"suffix", nullptr},
-                                                     {"top_k", -1},
-                                                     {"n", 1},
-                                                     {"user", nullptr}};
-  return fields;
+// Fields of OpenAI's APIs that this server does not implement, with the
+// value that means "off": present with any other value, refused.
+const std::map<std::string, json>& neutral_fields(Api api) {
+  static const std::map<std::string, json> completions = {{"best_of", 1},
+                                                          {"echo", false},
+                                                          {"frequency_penalty", 0},
+                                                          {"logit_bias", json::object()},
+                                                          {"logprobs", nullptr},
+                                                          {"presence_penalty", 0},
+                                                          {"suffix", nullptr},
+                                                          {"top_k", -1},
+                                                          {"n", 1},
+                                                          {"user", nullptr}};
+  static const std::map<std::string, json> chat = {{"frequency_penalty", 0},
+                                                   {"logit_bias", json::object()},
+                                                   {"logprobs", false},
+                                                   {"top_logprobs", nullptr},
+                                                   {"presence_penalty", 0},
+                                                   {"top_k", -1},
+                                                   {"n", 1},
+                                                   {"user", nullptr},
+                                                   {"tools", nullptr},
+                                                   {"tool_choice", "none"},
+                                                   {"response_format", json{{"type", "text"}}},
+                                                   {"parallel_tool_calls", nullptr}};
+  return api == Api::chat ? chat : completions;
+}
+
+// A chat's messages: roles the template knows, text content (a string or
+// text parts).
+bool read_messages(const json& j, std::vector<models::ChatMessage>* out, std::string* why) {
+  if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty()) {
+    *why = "messages is required: a non-empty list of {role, content}";
+    return false;
+  }
+  for (const json& m : j["messages"]) {
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+      *why = "messages: each message is an object with a string role";
+      return false;
+    }
+    const std::string role = m["role"].get<std::string>();
+    if (role != "system" && role != "user" && role != "assistant") {
+      *why = "messages: role '" + role + "' is not supported (system, user or assistant)";
+      return false;
+    }
+    for (const auto& [key, value] : m.items()) {
+      if (key != "role" && key != "content" && key != "name") {
+        *why = "messages: field '" + key + "' is not supported";
+        return false;
+      }
+    }
+    std::string content;
+    const json c = m.value("content", json());
+    if (c.is_string()) {
+      content = c.get<std::string>();
+    } else if (c.is_array()) {
+      for (const json& part : c) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+            !part["text"].is_string()) {
+          *why = R"(messages: content parts must be {"type": "text", "text": ...})";
+          return false;
+        }
+        content += part["text"].get<std::string>();
+      }
+    } else {
+      *why = "messages: content must be a string or a list of text parts";
+      return false;
+    }
+    out->push_back({role, std::move(content)});
+  }
+  return true;
 }
 
 bool is_neutral(const json& value, const json& neutral) {
@@ -76,9 +133,9 @@ std::string error_body(int status, const std::string& message, const std::string
   return json{{"error", e}}.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-std::string completion_id() {
+std::string completion_id(Api api) {
   std::random_device device;
-  std::string id = "cmpl-";
+  std::string id = api == Api::chat ? "chatcmpl-" : "cmpl-";
   for (int i = 0; i < 4; ++i) {
     char hex[9];
     std::snprintf(hex, sizeof hex, "%08x", static_cast<unsigned>(device()));
@@ -93,9 +150,10 @@ json usage(const Event& e) {
           {"total_tokens", e.prompt_tokens + e.completion_tokens}};
 }
 
-Parsed parse_completion(const std::string& body, int max_depth, const Engine& engine,
-                        const std::string& model) {
+Parsed parse_request(Api api, const std::string& body, int max_depth, const Engine& engine,
+                     const std::string& model) {
   Parsed out;
+  out.api = api;
   auto fail = [&](std::string param, std::string message, int status = 400) {
     out.param = std::move(param);
     out.error = std::move(message);
@@ -106,15 +164,18 @@ Parsed parse_completion(const std::string& body, int max_depth, const Engine& en
   std::string why;
   if (!parse_bounded(body, max_depth, &j, &why)) return fail("", why);
   if (!j.is_object()) return fail("", "the body must be a JSON object");
-  static const char* const implemented[] = {"model",       "prompt", "max_tokens",
-                                            "temperature", "top_p",  "seed",
-                                            "stop",        "stream", "stream_options"};
+  static const char* const implemented[] = {"model",  "max_tokens",     "temperature",
+                                            "top_p",  "seed",           "stop",
+                                            "stream", "stream_options", "ignore_eos"};
+  const char* const own = api == Api::chat ? "messages" : "prompt";
+  const std::map<std::string, json>& neutral_values = neutral_fields(api);
   for (const auto& [key, value] : j.items()) {
-    if (std::find(std::begin(implemented), std::end(implemented), key) != std::end(implemented)) {
+    if (key == own || (api == Api::chat && key == "max_completion_tokens") ||
+        std::find(std::begin(implemented), std::end(implemented), key) != std::end(implemented)) {
       continue;
     }
-    auto neutral = neutral_fields().find(key);
-    if (neutral == neutral_fields().end()) {
+    auto neutral = neutral_values.find(key);
+    if (neutral == neutral_values.end()) {
       return fail(key, "unknown field '" + key + "'");
     }
     if (key != "user" && !is_neutral(value, neutral->second)) {
@@ -134,6 +195,21 @@ Parsed parse_completion(const std::string& body, int max_depth, const Engine& en
                     "' does not exist; this server serves '" + model + "'",
                 404);
   }
+  if (api == Api::chat) {
+    // max_completion_tokens is the chat API's newer name for max_tokens.
+    if (j.contains("max_completion_tokens") && !j["max_completion_tokens"].is_null()) {
+      if (j.contains("max_tokens") && !j["max_tokens"].is_null()) {
+        return fail("max_completion_tokens", "give max_tokens or max_completion_tokens, not both");
+      }
+      j["max_tokens"] = j["max_completion_tokens"];
+    }
+    if (!engine.model().chat) {
+      return fail("messages", "this model has no chat template; use /v1/completions");
+    }
+    std::vector<models::ChatMessage> messages;
+    if (!read_messages(j, &messages, &why)) return fail("messages", why);
+    j["prompt"] = engine.model().chat->render(messages, /*add_generation_prompt=*/true);
+  }
   // prompt: a string, one string in a list, token ids, or one list of them.
   if (!j.contains("prompt")) return fail("prompt", "prompt is required");
   json prompt = j["prompt"];
@@ -143,9 +219,7 @@ Parsed parse_completion(const std::string& body, int max_depth, const Engine& en
   const std::string ids_rule =
       "prompt: token ids must be integers in [0, " + std::to_string(engine.vocabulary()) + ")";
   if (prompt.is_string()) {
-    auto ids = engine.encode(prompt.get<std::string>(), &why);
-    if (!ids) return fail("prompt", why);
-    out.params.prompt = std::move(*ids);
+    out.params.prompt = engine.encode(prompt.get<std::string>());
   } else if (prompt.is_array() && !prompt.empty() && prompt[0].is_number()) {
     for (const json& id : prompt) {
       if (!id.is_number_integer() || id.get<std::int64_t>() < 0 ||
@@ -161,7 +235,9 @@ Parsed parse_completion(const std::string& body, int max_depth, const Engine& en
   } else if (!prompt.is_array()) {
     return fail("prompt", "prompt must be a string, a list of token ids, or a list of one of them");
   }
-  if (out.params.prompt.empty()) return fail("prompt", "prompt must not be empty");
+  if (out.params.prompt.empty()) {
+    return fail(own, std::string(own) + " must not be empty (or only bytes without a token)");
+  }
   auto number = [&](const char* field, double lo, double hi, double* value) {
     if (!j.contains(field) || j[field].is_null()) return true;
     if (!j[field].is_number() || j[field].get<double>() < lo || j[field].get<double>() > hi) {
@@ -191,9 +267,9 @@ Parsed parse_completion(const std::string& body, int max_depth, const Engine& en
   if (seed >= 0) out.params.seed = static_cast<std::uint64_t>(seed);
   const auto prompt_tokens = static_cast<std::int64_t>(out.params.prompt.size());
   if (prompt_tokens >= limit) {
-    return fail("prompt", "The prompt has " + std::to_string(prompt_tokens) +
-                              " tokens; the model's context length is only " +
-                              std::to_string(limit) + " tokens.");
+    return fail(own, "The prompt has " + std::to_string(prompt_tokens) +
+                         " tokens; the model's context length is only " + std::to_string(limit) +
+                         " tokens.");
   }
   if (prompt_tokens + out.params.max_tokens > limit) {
     // vLLM's wording: the request can never fit, whatever the load.
@@ -213,6 +289,10 @@ Parsed parse_completion(const std::string& body, int max_depth, const Engine& en
       }
       out.params.stop.push_back(s.get<std::string>());
     }
+  }
+  if (j.contains("ignore_eos") && !j["ignore_eos"].is_null()) {
+    if (!j["ignore_eos"].is_boolean()) return fail("ignore_eos", "ignore_eos must be a boolean");
+    out.params.ignore_eos = j["ignore_eos"].get<bool>();
   }
   if (j.contains("stream") && !j["stream"].is_null()) {
     if (!j["stream"].is_boolean()) return fail("stream", "stream must be a boolean");

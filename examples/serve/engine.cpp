@@ -1,9 +1,10 @@
 #include "engine.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <stdexcept>
 #include <utility>
@@ -76,14 +77,43 @@ double uniform(std::uint64_t& state) {  // SplitMix64, in [0, 1)
   return static_cast<double>((z ^ (z >> 31U)) >> 11U) * 0x1.0p-53;
 }
 
+// The end of text[from, end) cut back to a character boundary: a token may
+// end inside a character, whose rest comes with the next token. Bytes that
+// cannot start a character (invalid UTF-8) are not held.
+std::size_t utf8_whole(const std::string& text, std::size_t from, std::size_t end) {
+  for (std::size_t back = 1; back <= 3 && end >= from + back; ++back) {
+    const auto byte = static_cast<unsigned char>(text[end - back]);
+    if ((byte & 0xC0U) == 0x80U) continue;  // a continuation byte: look further back
+    const std::size_t length = byte >= 0xF0U ? 4 : byte >= 0xE0U ? 3 : byte >= 0xC0U ? 2 : 1;
+    return length > back ? end - back : end;
+  }
+  return end;
+}
+
 }  // namespace
 
-Engine::Engine(tiny_lm::Weights weights, EngineOptions options)
-    : weights_(std::move(weights)), options_(options), pool_(options.pages) {
-  id_of_.fill(-1);
-  for (std::size_t i = 0; i < weights_.byte_of.size(); ++i) {
-    id_of_[weights_.byte_of[i]] = static_cast<std::int64_t>(i);
+keel::result<std::shared_ptr<const Model>> Model::load(const std::string& dir,
+                                                       at::ScalarType dtype) {
+  keel::result<models::Llama> llama = models::Llama::load(dir, dtype);
+  if (!llama) return llama.error();
+  keel::result<models::Tokenizer> tokenizer = models::Tokenizer::load(dir + "/tokenizer.json");
+  if (!tokenizer) return tokenizer.error();
+  auto model = std::make_shared<Model>(
+      Model{std::move(llama).value(), std::move(tokenizer).value(), std::nullopt, {}});
+  std::ifstream jinja_file(dir + "/chat_template.jinja");
+  if (jinja_file) {
+    const std::string jinja((std::istreambuf_iterator<char>(jinja_file)),
+                            std::istreambuf_iterator<char>());
+    keel::result<models::ChatTemplate> chat = models::ChatTemplate::from_jinja(jinja);
+    if (!chat) return chat.error();
+    model->chat = std::move(chat).value();
   }
+  model->stop_tokens = models::stop_tokens(model->tokenizer, model->llama.config().eos_token_id);
+  return std::shared_ptr<const Model>(std::move(model));
+}
+
+Engine::Engine(std::shared_ptr<const Model> model, EngineOptions options)
+    : model_(std::move(model)), options_(options), pool_(options.pages) {
   const EngineOptions& o = options_;
   if (o.page_size < 1 || o.max_model_len < 2 || o.max_batch < 1 || o.token_budget < o.max_batch) {
     throw std::invalid_argument(
@@ -94,11 +124,12 @@ Engine::Engine(tiny_lm::Weights weights, EngineOptions options)
         "the cache (" + std::to_string(o.pages) + " pages of " + std::to_string(o.page_size) +
         " keys) cannot hold one sequence of max_model_len " + std::to_string(o.max_model_len));
   }
-  const tiny_lm::Shape& s = weights_.shape;
-  for (std::int64_t l = 0; l < s.layers; ++l) {
-    k_pages_.push_back(at::zeros({o.pages, s.kv_heads, o.page_size, s.head_dim()}));
-    v_pages_.push_back(at::zeros({o.pages, s.kv_heads, o.page_size, s.head_dim()}));
+  const std::int64_t positions = model_->llama.config().max_positions;
+  if (positions > 0 && o.max_model_len > positions) {
+    throw std::invalid_argument("max_model_len " + std::to_string(o.max_model_len) +
+                                " is past the model's " + std::to_string(positions) + " positions");
   }
+  cache_ = model_->llama.make_cache(o.pages, o.page_size);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -113,25 +144,6 @@ void Engine::stop() {
   }
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
-}
-
-std::optional<std::vector<std::int64_t>> Engine::encode(const std::string& text,
-                                                        std::string* why) const {
-  std::vector<std::int64_t> ids;
-  ids.reserve(text.size());
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    const auto ch = static_cast<unsigned char>(text[i]);
-    if (id_of_[ch] < 0) {
-      char hex[8];
-      std::snprintf(hex, sizeof hex, "0x%02x", ch);
-      *why = "prompt: byte " + std::to_string(i) + " (" + hex +
-             ") is not in the model's vocabulary of " + std::to_string(vocabulary()) +
-             " characters";
-      return std::nullopt;
-    }
-    ids.push_back(id_of_[ch]);
-  }
-  return ids;
 }
 
 std::shared_ptr<Request> Engine::submit(Params params, std::function<void()> notify,
@@ -308,8 +320,12 @@ std::vector<Engine::Row> Engine::schedule() {
   for (const auto& r : running_) {
     const auto n = static_cast<std::int64_t>(r->tokens_.size());
     if (r->finished_) {
-      rows.push_back({r, n - 1, 1});
-      --budget;
+      // A padded row recomputes its last computed position (its page is
+      // held; its keys come out the same), as a [B, L] batch would.
+      if (r->computed_ > 0) {
+        rows.push_back({r, r->computed_ - 1, 1});
+        --budget;
+      }
     } else if (n - r->computed_ == 1) {
       rows.push_back({r, r->computed_, 1});
       --budget;
@@ -327,81 +343,33 @@ std::vector<Engine::Row> Engine::schedule() {
 }
 
 void Engine::run_step(const std::vector<Row>& rows) {
-  const tiny_lm::Shape& s = weights_.shape;
-  const tiny_lm::Params& p = weights_.params;
-  const std::int64_t ps = options_.page_size, e = s.head_dim();
-  const auto b = static_cast<std::int64_t>(rows.size());
-  std::int64_t t = 0, max_pages = 1;
+  std::vector<models::StepSequence> sequences;
+  sequences.reserve(rows.size());
   for (const Row& row : rows) {
-    t += row.count;
-    max_pages = std::max(max_pages, static_cast<std::int64_t>(row.request->pages_.size()));
-  }
-  std::vector<std::int64_t> tokens, positions, slot_page, slot_off, cu{0}, lengths;
-  std::vector<std::int64_t> table(static_cast<std::size_t>(b * max_pages), 0);
-  for (std::int64_t i = 0; i < b; ++i) {
-    const Row& row = rows[static_cast<std::size_t>(i)];
     const Request& r = *row.request;
-    for (std::int64_t pos = row.first; pos < row.first + row.count; ++pos) {
-      tokens.push_back(r.tokens_[static_cast<std::size_t>(pos)]);
-      positions.push_back(pos);
-      slot_page.push_back(r.pages_[static_cast<std::size_t>(pos / ps)]);
-      slot_off.push_back(pos % ps);
-    }
-    std::copy(r.pages_.begin(), r.pages_.end(), table.begin() + i * max_pages);
-    cu.push_back(cu.back() + row.count);
-    lengths.push_back(row.first + row.count);
+    const auto first = r.tokens_.begin() + row.first;
+    sequences.push_back({std::vector<std::int64_t>(first, first + row.count), row.first, r.pages_});
   }
-  const at::Tensor page_table = at::tensor(table).view({b, max_pages});
-  const at::Tensor cu_t = at::tensor(cu), lengths_t = at::tensor(lengths);
-  const at::Tensor page_idx = at::tensor(slot_page), off_idx = at::tensor(slot_off);
-  auto [cos, sin] = tiny_lm::rope_angles(at::tensor(positions).to(at::kFloat), e);
-  cos = cos.unsqueeze(1);
-  sin = sin.unsqueeze(1);
-
-  keel::AttentionSpec spec;
-  spec.masks = {keel::Mask::sliding_window(s.window - 1, 0, keel::CausalAlignment::bottom_right)};
-  at::Tensor x = p.at("embed").index_select(0, at::tensor(tokens));
-  using at::indexing::Slice;
-  for (std::int64_t l = 0; l < s.layers; ++l) {
-    const at::Tensor h = tiny_lm::rms_norm(x, p.at(tiny_lm::layer_name(l, "norm1")));
-    auto project = [&](const char* w, std::int64_t heads) {
-      return at::matmul(h, p.at(tiny_lm::layer_name(l, w))).view({t, heads, e});
-    };
-    const at::Tensor q = tiny_lm::rotate(project("wq", s.q_heads), cos, sin);
-    const auto li = static_cast<std::size_t>(l);
-    // This step's keys and values go into their pages first: each
-    // sequence's queries then read its whole cache, its new keys included.
-    k_pages_[li].index_put_({page_idx, Slice(), off_idx},
-                            tiny_lm::rotate(project("wk", s.kv_heads), cos, sin));
-    v_pages_[li].index_put_({page_idx, Slice(), off_idx}, project("wv", s.kv_heads));
-    keel::result<keel::AttentionOutput> a = keel::attention(
-        keel::PackedQueries{q, cu_t},
-        keel::PagedKVCache{k_pages_[li], v_pages_[li], page_table, lengths_t}, spec);
-    if (!a) throw std::runtime_error(a.error().to_string());
-    x = x +
-        at::matmul(a.value().out.reshape({t, s.q_heads * e}), p.at(tiny_lm::layer_name(l, "wo")));
-    const at::Tensor h2 = tiny_lm::rms_norm(x, p.at(tiny_lm::layer_name(l, "norm2")));
-    x = x + at::matmul(at::gelu(at::matmul(h2, p.at(tiny_lm::layer_name(l, "w1")))),
-                       p.at(tiny_lm::layer_name(l, "w2")));
-  }
-  const at::Tensor hidden = tiny_lm::rms_norm(x, p.at("norm_final"));
+  keel::result<at::Tensor> hidden = model_->llama.step(sequences, cache_);
+  if (!hidden) throw std::runtime_error(hidden.error().to_string());
 
   // Rows that reached their sequence's end sample its next token.
   std::vector<std::int64_t> last;
   std::vector<const Row*> sampled;
-  for (std::int64_t i = 0; i < b; ++i) {
-    const Row& row = rows[static_cast<std::size_t>(i)];
+  std::int64_t end = 0;
+  for (const Row& row : rows) {
+    end += row.count;
     Request& r = *row.request;
     if (r.finished_) continue;
     r.computed_ = row.first + row.count;
     if (r.computed_ == static_cast<std::int64_t>(r.tokens_.size())) {
-      last.push_back(cu[static_cast<std::size_t>(i) + 1] - 1);
+      last.push_back(end - 1);
       sampled.push_back(&row);
     }
   }
   if (last.empty()) return;
   const at::Tensor logits =
-      at::matmul(hidden.index_select(0, at::tensor(last)), p.at("embed").t()).contiguous();
+      model_->llama.logits(hidden.value().index_select(0, at::tensor(last))).contiguous();
   for (std::size_t j = 0; j < sampled.size(); ++j) {
     Request& r = *sampled[j]->request;
     emit_token(r, sample(r, logits[static_cast<std::int64_t>(j)]));
@@ -410,10 +378,21 @@ void Engine::run_step(const std::vector<Row>& rows) {
 
 std::int64_t Engine::sample(Request& r, const at::Tensor& logits) {
   if (r.params_.temperature == 0) return logits.argmax().item<std::int64_t>();
-  // Nucleus sampling: the most probable tokens whose mass reaches top_p
-  // (top_p = 1: every token), renormalised, drawn with the request's seed.
-  const auto [probs, order] =
-      at::softmax(logits.to(at::kDouble) / r.params_.temperature, 0).sort(0, true);
+  const at::Tensor p = at::softmax(logits.to(at::kDouble) / r.params_.temperature, 0);
+  if (r.params_.top_p >= 1) {
+    // Every token: the first whose cumulative mass passes the draw.
+    const double* q = p.data_ptr<double>();
+    const double u = uniform(r.rng_);
+    double acc = 0;
+    for (std::int64_t i = 0; i < p.numel(); ++i) {
+      acc += q[i];
+      if (u < acc) return i;
+    }
+    return p.numel() - 1;
+  }
+  // Nucleus sampling: the most probable tokens whose mass reaches top_p,
+  // renormalised, drawn with the request's seed.
+  const auto [probs, order] = p.sort(0, true);
   const double* q = probs.data_ptr<double>();
   const std::int64_t* id = order.data_ptr<std::int64_t>();
   std::int64_t keep = 0;
@@ -431,7 +410,11 @@ std::int64_t Engine::sample(Request& r, const at::Tensor& logits) {
 void Engine::emit_token(Request& r, std::int64_t token) {
   r.tokens_.push_back(token);
   generated_.fetch_add(1);
-  r.text_ += static_cast<char>(weights_.byte_of[static_cast<std::size_t>(token)]);
+  const Model& m = *model_;
+  const bool eos = !r.params_.ignore_eos && std::find(m.stop_tokens.begin(), m.stop_tokens.end(),
+                                                      token) != m.stop_tokens.end();
+  // Special tokens have no text (vLLM's skip_special_tokens).
+  if (!eos && !m.tokenizer.is_special(token)) r.text_ += m.tokenizer.decode({token}).value();
   const auto generated = static_cast<std::int64_t>(r.tokens_.size() - r.params_.prompt.size());
   // A stop string ends the text before it; a tail that could still become
   // one is held back until it cannot.
@@ -452,8 +435,9 @@ void Engine::emit_token(Request& r, std::int64_t token) {
       }
     }
   }
+  if (reason.empty() && eos) reason = "stop";
   if (reason.empty() && generated >= r.params_.max_tokens) reason = "length";
-  if (reason.empty()) end = r.text_.size() - hold;
+  if (reason.empty()) end = utf8_whole(r.text_, r.sent_, r.text_.size() - hold);
   if (end > r.sent_) {
     Event ev;
     ev.text = r.text_.substr(r.sent_, end - r.sent_);

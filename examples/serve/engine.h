@@ -1,11 +1,11 @@
 // The serving engine of examples/serve: a page allocator for the KV cache,
-// a scheduler that batches requests step by step, and the tiny LM's forward
-// over packed ragged queries (keel::attention(PackedQueries, PagedKVCache)).
+// a scheduler that batches requests step by step, and a Llama-family model
+// (examples/models: SmolLM2 by default) whose step runs packed ragged
+// queries over the paged cache (keel::attention(PackedQueries, PagedKVCache)).
 // One thread (the engine's loop) owns the cache, the pages and the running
 // requests; the HTTP thread only submits, cancels and reads events.
 #pragma once
 
-#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -21,7 +21,8 @@
 
 #include <ATen/ATen.h>
 
-#include "../tiny_lm/model.h"
+#include "../models/llama.h"
+#include "../models/tokenizer.h"
 
 namespace serve {
 
@@ -62,6 +63,21 @@ struct Event {
   std::int64_t prompt_tokens = 0, completion_tokens = 0;
 };
 
+/// What the engine serves: the model, its tokenizer and chat template, and
+/// the tokens that end a text.
+struct Model {
+  models::Llama llama;
+  models::Tokenizer tokenizer;
+  std::optional<models::ChatTemplate> chat;  ///< when `chat_template.jinja` is ChatML
+  std::vector<std::int64_t> stop_tokens;     ///< end of sequence, `<|im_end|>`, `<|endoftext|>`
+
+  /// Reads a model directory as scripts/convert-gguf.py writes it
+  /// (`config.json`, `model.safetensors`, `tokenizer.json`, and
+  /// `chat_template.jinja` if the model has one); an error names the file.
+  static keel::result<std::shared_ptr<const Model>> load(const std::string& dir,
+                                                         at::ScalarType dtype);
+};
+
 /// What a client asked for, already validated.
 struct Params {
   std::vector<std::int64_t> prompt;
@@ -70,6 +86,7 @@ struct Params {
   double top_p = 1.0;                 ///< nucleus sampling: (0, 1]
   std::optional<std::uint64_t> seed;  ///< absent: a fresh random seed
   std::vector<std::string> stop;
+  bool ignore_eos = false;  ///< generate max_tokens whatever comes (benchmarks)
 };
 
 /// One request, shared between the HTTP layer and the engine.
@@ -106,7 +123,7 @@ struct EngineOptions {
   Batching batching = Batching::continuous;
   std::int64_t pages = 512;     ///< KV-cache pages (per layer, same ids)
   std::int64_t page_size = 16;  ///< keys per page
-  std::int64_t max_model_len = 512;
+  std::int64_t max_model_len = 2048;
   std::int64_t max_batch = 64;      ///< sequences in one step
   std::int64_t token_budget = 512;  ///< tokens in one step (decodes first, then prefill chunks)
   std::int64_t max_waiting = 64;    ///< queued requests beyond which submit() refuses
@@ -124,7 +141,7 @@ class Engine {
  public:
   /// Throws std::invalid_argument when the cache cannot hold one sequence
   /// of max_model_len (so an admitted request can always run alone).
-  Engine(tiny_lm::Weights weights, EngineOptions options);
+  Engine(std::shared_ptr<const Model> model, EngineOptions options);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -135,12 +152,13 @@ class Engine {
   /// engine's thread, with no lock held, after each event is posted.
   std::shared_ptr<Request> submit(Params params, std::function<void()> notify, std::string* why,
                                   int* status);
-  /// Tokenizes text into the model's vocabulary; nullopt with `*why` naming
-  /// the first character it does not know.
-  std::optional<std::vector<std::int64_t>> encode(const std::string& text, std::string* why) const;
-  [[nodiscard]] std::int64_t vocabulary() const {
-    return static_cast<std::int64_t>(weights_.byte_of.size());
+  /// The model's token ids of any bytes (invalid UTF-8 as the tokenizer
+  /// treats it: U+FFFD).
+  [[nodiscard]] std::vector<std::int64_t> encode(const std::string& text) const {
+    return model_->tokenizer.encode(text);
   }
+  [[nodiscard]] std::int64_t vocabulary() const { return model_->llama.config().vocab_size; }
+  [[nodiscard]] const Model& model() const { return *model_; }
   [[nodiscard]] const EngineOptions& options() const { return options_; }
   [[nodiscard]] Stats stats();
   /// Refuses new requests; running and queued ones go on (a drain).
@@ -165,11 +183,10 @@ class Engine {
   void drop_finished();
   std::int64_t sample(Request& r, const at::Tensor& logits);
 
-  tiny_lm::Weights weights_;
-  std::array<std::int64_t, 256> id_of_{};  // character -> token id, -1 if none
+  std::shared_ptr<const Model> model_;
   EngineOptions options_;
   PagePool pool_;
-  std::vector<at::Tensor> k_pages_, v_pages_;  // per layer [P, Hkv, page_size, E]
+  models::KVCache cache_;
 
   std::mutex mutex_;  // guards waiting_, stopping_ and the counters
   std::condition_variable wake_;

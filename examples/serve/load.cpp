@@ -5,7 +5,7 @@
 // output throughput, time to first token and time per output token (p50
 // and p99), the server's peak memory, and whether every page came back.
 //
-//   keel-serve-load --server KEEL_SERVE --weights FILE [--clients 1,8,32,64]
+//   keel-serve-load --server KEEL_SERVE --model DIR [--clients 1,8,32,64]
 //                   [--modes continuous,static,serial] [--requests-per-client K]
 //                   [--min-requests N] [--time-limit SECONDS] [--seed S]
 //                   [--threads T] [--json OUT]
@@ -45,7 +45,7 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 struct Options {
-  std::string server, weights, json_out;
+  std::string server, model, json_out;
   std::vector<int> clients = {1, 8, 32, 64};
   std::vector<std::string> modes = {"continuous", "static", "serial"};
   int per_client = 2, min_requests = 8, time_limit = 600, threads = 1;
@@ -66,7 +66,8 @@ struct Job {
 
 // The fixed workload: prompts of 16-128 characters of lower-case words;
 // output lengths exponential with mean 32, within [4, 128] (their spread is
-// what separates continuous from static batching).
+// what separates continuous from static batching), each generated whole
+// (ignore_eos, as vllm bench serve does).
 std::vector<Job> workload(std::uint64_t seed, int n) {
   static const char kLetters[] = "etaoinshrdlucmfwypvbgk";
   std::vector<Job> jobs;
@@ -96,9 +97,13 @@ struct Sample {
 // One streaming completion; TTFT and TPOT as vllm bench serve measures them.
 Sample run_one(httplib::Client& client, const Job& job) {
   Sample s;
-  const json body = {
-      {"model", "tiny-lm"}, {"prompt", job.prompt}, {"max_tokens", job.max_tokens},
-      {"temperature", 0},   {"stream", true},       {"stream_options", {{"include_usage", true}}}};
+  const json body = {{"model", "load"},
+                     {"prompt", job.prompt},
+                     {"max_tokens", job.max_tokens},
+                     {"temperature", 0},
+                     {"ignore_eos", true},
+                     {"stream", true},
+                     {"stream_options", {{"include_usage", true}}}};
   httplib::Request req;
   req.method = "POST";
   req.path = "/v1/completions";
@@ -168,8 +173,10 @@ class Server {
     dir_ = dir;
     port_file_ = dir_ + "/port";
     std::vector<std::string> args = {o.server,
-                                     "--weights",
-                                     o.weights,
+                                     "--model",
+                                     o.model,
+                                     "--model-name",
+                                     "load",
                                      "--batching",
                                      mode,
                                      "--port-file",
@@ -366,7 +373,7 @@ int run(const Options& o) {
 
 int usage(const std::string& why) {
   std::cerr << "keel-serve-load: " << why
-            << "\nusage: keel-serve-load --server KEEL_SERVE --weights FILE [--clients 1,8,32,64] "
+            << "\nusage: keel-serve-load --server KEEL_SERVE --model DIR [--clients 1,8,32,64] "
                "[--modes continuous,static,serial] [--requests-per-client K] [--min-requests N] "
                "[--time-limit SECONDS] [--seed S] [--threads T] [--json OUT]\n";
   return 2;
@@ -383,8 +390,8 @@ int main(int argc, char** argv) {
     try {
       if (a == "--server") {
         o.server = v;
-      } else if (a == "--weights") {
-        o.weights = v;
+      } else if (a == "--model") {
+        o.model = v;
       } else if (a == "--json") {
         o.json_out = v;
       } else if (a == "--modes") {
@@ -409,7 +416,7 @@ int main(int argc, char** argv) {
       return usage("bad value for " + a);
     }
   }
-  if (o.server.empty() || o.weights.empty()) return usage("--server and --weights are required");
+  if (o.server.empty() || o.model.empty()) return usage("--server and --model are required");
   for (int c : o.clients) {
     if (c < 1 || c > 256) return usage("--clients: each in [1, 256]");
   }

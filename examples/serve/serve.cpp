@@ -1,15 +1,21 @@
-// keel-serve: the tiny LM (examples/tiny_lm) behind the OpenAI-compatible
-// completions API, on loopback, built on keel's public API (docs/serving.md).
+// keel-serve: a Llama-family model (SmolLM2-135M-Instruct by default, as
+// scripts/fetch-deps.sh converts it; examples/models) behind the
+// OpenAI-compatible completions and chat completions APIs, on loopback,
+// built on keel's public API (docs/serving.md).
 //
-//   keel-serve --weights FILE [--port N | --port-file F] [--batching continuous|static|serial]
+//   keel-serve [--model DIR] [--dtype float32|bfloat16] [--port N | --port-file F]
+//              [--batching continuous|static|serial]
 //              [--pages N] [--page-size N] [--max-model-len N] [--max-batch N]
 //              [--token-budget N] [--max-waiting N] [--max-waiting-tokens N]
 //              [--max-connections N] [--max-body-bytes N] [--max-json-depth N]
 //              [--read-timeout S] [--write-timeout S] [--drain-timeout S]
 //              [--threads N] [--model-name S]
 //
-//   POST /v1/completions  prompt (a string or token ids), max_tokens, temperature, top_p,
-//                         seed, stop, stream, stream_options.include_usage
+//   POST /v1/completions       prompt (a string or token ids), max_tokens, temperature,
+//                              top_p, seed, stop, stream, stream_options.include_usage,
+//                              ignore_eos
+//   POST /v1/chat/completions  messages (rendered with the model's chat template), and
+//                              the same fields (max_completion_tokens too)
 //   GET  /v1/models       the one model served
 //   GET  /health          200, or 503 while the server drains
 //   GET  /keel/stats      pages free and in use, running and queued requests
@@ -77,7 +83,7 @@ struct Limits {
 constexpr std::uint32_t kHeaderLimit = 8192;  // bytes of request line and headers
 
 struct Options {
-  std::string weights, port_file, model = "tiny-lm", batching = "continuous";
+  std::string model_dir, port_file, model, batching = "continuous", dtype = "float32";
   std::int64_t port = 0, threads = 1;
   Limits limits;
   serve::EngineOptions engine;
@@ -112,14 +118,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void on_header(beast::error_code ec);
   void read_body();
   void handle();
-  void completion(http::request<http::string_body>& req);
+  void completion(http::request<http::string_body>& req, serve::Api api);
   void reply(http::status status, std::string body, const char* type = "application/json",
              bool retry_after = false);
   void reply_error(int status, const std::string& message, const std::string& param = "");
   void after_reply(bool keep_alive);
   void watch_peer();
   void flush();
-  json object(const std::string& text, const std::string& finish) const;
+  json object(const std::string& text, const std::string& finish, bool chunk);
   std::string frame(const std::string& payload) const { return "data: " + payload + "\n\n"; }
   void close_gracefully();
   void linger();
@@ -145,6 +151,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   serve::Parsed parsed_;
   std::string id_, text_;
   std::int64_t created_ = 0;
+  bool first_chunk_ = true;  // a chat stream's first delta names the role
 };
 
 class Server {
@@ -407,17 +414,18 @@ void Connection::handle() {
                        {"max_model_len", o.engine.max_model_len}};
     return reply(http::status::ok, json{{"object", "list"}, {"data", json::array({card})}}.dump());
   }
-  if (target == "/v1/completions") {
+  if (target == "/v1/completions" || target == "/v1/chat/completions") {
     if (req.method() != http::verb::post) return wrong_method("POST");
-    return completion(req);
+    return completion(req,
+                      target == "/v1/completions" ? serve::Api::completions : serve::Api::chat);
   }
   reply_error(404, "no such route: " + target);
 }
 
-void Connection::completion(http::request<http::string_body>& req) {
+void Connection::completion(http::request<http::string_body>& req, serve::Api api) {
   const Options& o = server_.options();
-  parsed_ = serve::parse_completion(req.body(), static_cast<int>(o.limits.max_json_depth),
-                                    server_.engine(), o.model);
+  parsed_ = serve::parse_request(api, req.body(), static_cast<int>(o.limits.max_json_depth),
+                                 server_.engine(), o.model);
   req.body().clear();
   req.body().shrink_to_fit();
   if (!parsed_.error.empty()) return reply_error(parsed_.status, parsed_.error, parsed_.param);
@@ -437,7 +445,8 @@ void Connection::completion(http::request<http::string_body>& req) {
     if (status == 503) server_.count_refusal();
     return reply_error(status, why);
   }
-  id_ = serve::completion_id();
+  id_ = serve::completion_id(api);
+  first_chunk_ = true;
   created_ = static_cast<std::int64_t>(std::time(nullptr));
   text_.clear();
   ended_ = head_sent_ = false;
@@ -488,11 +497,26 @@ void Connection::watch_peer() {
       });
 }
 
-json Connection::object(const std::string& text, const std::string& finish) const {
-  json choice = {{"index", 0}, {"text", text}, {"logprobs", nullptr}};
+// A reply's body (chunk: a stream's frame; no text and no finish reason:
+// the usage frame, with no choice).
+json Connection::object(const std::string& text, const std::string& finish, bool chunk) {
+  const bool chat = parsed_.api == serve::Api::chat;
+  json choice = {{"index", 0}, {"logprobs", nullptr}};
+  if (!chat) {
+    choice["text"] = text;
+  } else if (!chunk) {
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  } else {
+    choice["delta"] = json::object();
+    if (first_chunk_) choice["delta"]["role"] = "assistant";
+    if (!text.empty() || first_chunk_) choice["delta"]["content"] = text;
+    first_chunk_ = false;
+  }
   choice["finish_reason"] = finish.empty() ? json(nullptr) : json(finish);
   return {{"id", id_},
-          {"object", "text_completion"},
+          {"object", !chat   ? "text_completion"
+                     : chunk ? "chat.completion.chunk"
+                             : "chat.completion"},
           {"created", created_},
           {"model", server_.options().model},
           {"choices", json::array({choice})}};
@@ -511,7 +535,7 @@ void Connection::pump() {
       if (!e->final) continue;
       request_.reset();
       if (!e->error.empty()) return reply_error(server_.draining() ? 503 : 500, e->error);
-      json j = object(text_, e->finish_reason);
+      json j = object(text_, e->finish_reason, false);
       j["usage"] = serve::usage(*e);
       return reply(http::status::ok, dump(j));
     }
@@ -520,18 +544,15 @@ void Connection::pump() {
       // the end of the stream.
       pending_ += frame(serve::error_body(server_.draining() ? 503 : 500, e->error));
     } else if (!e->final || !e->text.empty() || !e->finish_reason.empty()) {
-      json j = object(e->text, e->final ? e->finish_reason : "");
+      json j = object(e->text, e->final ? e->finish_reason : "", true);
       if (parsed_.include_usage) j["usage"] = nullptr;
       pending_ += frame(dump(j));
     }
     if (e->final) {
       if (parsed_.include_usage && e->error.empty()) {
-        json u = {{"id", id_},
-                  {"object", "text_completion"},
-                  {"created", created_},
-                  {"model", server_.options().model},
-                  {"choices", json::array()},
-                  {"usage", serve::usage(*e)}};
+        json u = object("", "", true);
+        u["choices"] = json::array();
+        u["usage"] = serve::usage(*e);
         pending_ += frame(dump(u));
       }
       pending_ += frame("[DONE]");
@@ -640,14 +661,23 @@ void Connection::close_now() {
   stream_.close();
 }
 
+std::string default_model_dir() {
+  const char* deps = std::getenv("KEEL_DEPS_DIR");
+  const char* home = std::getenv("HOME");
+  const std::string base =
+      deps != nullptr ? deps : std::string(home != nullptr ? home : ".") + "/.cache/keel";
+  return base + "/models/smollm2-135m-instruct";
+}
+
 int usage_error(const std::string& why) {
-  std::cerr << "keel-serve: " << why
-            << "\nusage: keel-serve --weights FILE [--port N | --port-file F] "
-               "[--batching continuous|static|serial] [--pages N] [--page-size N] "
-               "[--max-model-len N] [--max-batch N] [--token-budget N] [--max-waiting N] "
-               "[--max-waiting-tokens N] [--max-connections N] [--max-body-bytes N] "
-               "[--max-json-depth N] [--read-timeout S] [--write-timeout S] "
-               "[--drain-timeout S] [--threads N] [--model-name S]\n";
+  std::cerr
+      << "keel-serve: " << why
+      << "\nusage: keel-serve [--model DIR] [--dtype float32|bfloat16] [--port N | --port-file F] "
+         "[--batching continuous|static|serial] [--pages N] [--page-size N] "
+         "[--max-model-len N] [--max-batch N] [--token-budget N] [--max-waiting N] "
+         "[--max-waiting-tokens N] [--max-connections N] [--max-body-bytes N] "
+         "[--max-json-depth N] [--read-timeout S] [--write-timeout S] "
+         "[--drain-timeout S] [--threads N] [--model-name S]\n";
   return 2;
 }
 
@@ -692,7 +722,9 @@ int run(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
 
   Options o;
-  std::map<std::string, std::string*> strings = {{"--weights", &o.weights},
+  o.model_dir = default_model_dir();
+  std::map<std::string, std::string*> strings = {{"--model", &o.model_dir},
+                                                 {"--dtype", &o.dtype},
                                                  {"--port-file", &o.port_file},
                                                  {"--model-name", &o.model},
                                                  {"--batching", &o.batching}};
@@ -729,7 +761,9 @@ int run(int argc, char** argv) {
       return usage_error("unknown option " + a);
     }
   }
-  if (o.weights.empty()) return usage_error("--weights is required");
+  if (o.dtype != "float32" && o.dtype != "bfloat16") {
+    return usage_error("--dtype is float32 or bfloat16");
+  }
   const std::map<std::string, serve::Batching> modes = {{"continuous", serve::Batching::continuous},
                                                         {"static", serve::Batching::static_},
                                                         {"serial", serve::Batching::serial}};
@@ -744,15 +778,19 @@ int run(int argc, char** argv) {
   o.engine.batching = modes.at(o.batching);
   at::set_num_threads(static_cast<int>(o.threads));
 
-  std::string why;
-  std::optional<tiny_lm::Weights> weights = tiny_lm::load_weights(o.weights, &why);
-  if (!weights) {
-    std::cerr << "keel-serve: " << why << "\n";
+  if (o.model.empty()) {
+    const std::string dir = o.model_dir.substr(0, o.model_dir.find_last_not_of('/') + 1);
+    o.model = dir.substr(dir.find_last_of('/') + 1);
+  }
+  keel::result<std::shared_ptr<const serve::Model>> model =
+      serve::Model::load(o.model_dir, o.dtype == "bfloat16" ? at::kBFloat16 : at::kFloat);
+  if (!model) {
+    std::cerr << "keel-serve: " << model.error().to_string() << "\n";
     return 2;
   }
   std::unique_ptr<serve::Engine> engine;
   try {
-    engine = std::make_unique<serve::Engine>(std::move(*weights), o.engine);
+    engine = std::make_unique<serve::Engine>(model.value(), o.engine);
   } catch (const std::exception& e) {
     std::cerr << "keel-serve: " << e.what() << "\n";
     return 2;

@@ -17,13 +17,11 @@
 //   tiny_lm [--steps N] [--ranks R] [--threads T] [--text PATH]
 //           [--record FILE | --compare FILE [--repeat N] [--json F] [--html F]]
 //           [--curve F] [--regression none|no_mask|no_zero_grad] [--perturb SEED]
-//           [--save-weights F]
 //
 // --curve writes the curve, the figures and the trained model's text as
 // JSON for the upgrade report; --regression injects a bug the band must
 // catch; --perturb moves the initial weights by an ulp (how the band was
-// calibrated); --save-weights writes the trained model and its vocabulary
-// for examples/serve (model.h).
+// calibrated).
 //
 // Exit status: 0 when the run (and the comparison, if any) passed; 1 when
 // the comparison failed, the loss did not fall below the unigram entropy,
@@ -71,7 +69,6 @@ struct Config {
   std::string store;  // file:// store path, set by the launcher
   std::string record, compare, json, html, curve;
   std::string regression = "none";
-  std::string save_weights;
   int perturb = 0;  // > 0: initial weights moved by about one float32 ulp, this seed
   // The model.
   std::int64_t dim = 96, layers = 3, q_heads = 4, kv_heads = 2, context = 64, window = 32;
@@ -485,10 +482,6 @@ int run_rank(Config cfg) {
     if (path != cfg.record) std::remove(path.c_str());
   }
   if (cfg.rank != 0) return status;
-  if (!cfg.save_weights.empty()) {
-    tiny_lm::Shape shape{cfg.dim, cfg.layers, cfg.q_heads, cfg.kv_heads, cfg.window};
-    tiny_lm::save_weights(cfg.save_weights, {shape, last.trained, corpus->byte_of});
-  }
 
   const at::Tensor curve = last.outputs.at("loss_curve");
   const auto eval = last.outputs.at("eval_loss").item<double>();
@@ -576,7 +569,7 @@ int usage(const char* why) {
   std::cerr << "tiny_lm: " << why
             << "\nusage: tiny_lm [--steps N] [--ranks R] [--threads T] [--text PATH] "
                "[--record FILE | --compare FILE [--repeat N] [--json F] [--html F]] [--curve F] "
-               "[--regression none|no_mask|no_zero_grad] [--perturb SEED] [--save-weights F]\n";
+               "[--regression none|no_mask|no_zero_grad] [--perturb SEED]\n";
   return 2;
 }
 
@@ -592,15 +585,11 @@ int main(int argc, char** argv) {
         {"--steps", {&cfg.steps, 25}},    {"--ranks", {&cfg.ranks, 1}},
         {"--threads", {&cfg.threads, 1}}, {"--repeat", {&cfg.repeat, 1}},
         {"--rank", {&cfg.rank, 0}},       {"--perturb", {&cfg.perturb, 1}}};
-    const std::map<std::string, std::string*> strings = {{"--text", &cfg.text},
-                                                         {"--store", &cfg.store},
-                                                         {"--record", &cfg.record},
-                                                         {"--compare", &cfg.compare},
-                                                         {"--json", &cfg.json},
-                                                         {"--html", &cfg.html},
-                                                         {"--curve", &cfg.curve},
-                                                         {"--regression", &cfg.regression},
-                                                         {"--save-weights", &cfg.save_weights}};
+    const std::map<std::string, std::string*> strings = {
+        {"--text", &cfg.text},     {"--store", &cfg.store},
+        {"--record", &cfg.record}, {"--compare", &cfg.compare},
+        {"--json", &cfg.json},     {"--html", &cfg.html},
+        {"--curve", &cfg.curve},   {"--regression", &cfg.regression}};
     bool ok = true;
     if (const auto n = numbers.find(a); n != numbers.end()) {
       char* end = nullptr;

@@ -7,7 +7,9 @@ still answers /health at once and every KV page is free once nothing runs
 
   serve_hostile_test.py KEEL_SERVE WORK_DIR
 
-WORK_DIR holds w.pt, the tiny model serve_test.py trained and saved.
+WORK_DIR holds model/, the small random Llama of make_test_model.py (the
+fixture examples.serve_test_model writes it). Requests set ignore_eos, so
+each generates exactly its max_tokens.
 """
 
 import atexit
@@ -25,7 +27,7 @@ import time
 
 serve, work = sys.argv[1:3]
 os.chdir(work)
-assert os.path.exists("w.pt"), f"{work}/w.pt is missing: serve_test.py writes it"
+assert os.path.exists("model/config.json"), f"{work}/model is missing: make_test_model.py writes it"
 
 PROMPT = "The GNU General Public License is "
 READ_TIMEOUT = 2  # the shared server's --read-timeout
@@ -50,7 +52,8 @@ class Server:
         self.port_file = port_file
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
-                [serve, "--weights", "w.pt", "--port-file", port_file, *args],
+                [serve, "--model", "model", "--model-name", "test-llama", "--port-file", port_file,
+                 *args],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         # A failed assertion must not leave the server running: it would
         # hold ctest's output pipe open until the test's timeout.
@@ -154,7 +157,8 @@ def request(method, path, body=b"", content_type="application/json", version="1.
 
 
 def completion_body(prompt=PROMPT, **fields):
-    return json.dumps({"model": "tiny-lm", "prompt": prompt, **fields}).encode()
+    fields.setdefault("ignore_eos", True)
+    return json.dumps({"model": "test-llama", "prompt": prompt, **fields}).encode()
 
 
 class Head:
@@ -349,10 +353,10 @@ def nested_json(srv):
     deep = b"[" * 1_000_000
     bodies = [
         ("prompt [*1e6 unclosed",
-         b'{"model": "tiny-lm", "max_tokens": 4, "prompt": ' + deep + b"}"),
-        ("prompt [*1e6 ]*1e6", b'{"model": "tiny-lm", "max_tokens": 4, "prompt": '
+         b'{"model": "test-llama", "max_tokens": 4, "prompt": ' + deep + b"}"),
+        ("prompt [*1e6 ]*1e6", b'{"model": "test-llama", "max_tokens": 4, "prompt": '
          + deep + b"]" * 1_000_000 + b"}"),
-        ("stop [*1e6 ]*1e6", b'{"model": "tiny-lm", "max_tokens": 4, "prompt": "The ", "stop": '
+        ("stop [*1e6 ]*1e6", b'{"model": "test-llama", "max_tokens": 4, "prompt": "The ", "stop": '
          + deep + b"]" * 1_000_000 + b"}"),
     ]
     slowest = 0.0
@@ -427,7 +431,7 @@ def chunked_garbage(srv):
 
 
 def invalid_utf8(srv):
-    body = b'{"model": "tiny-lm", "max_tokens": 4, "prompt": "The \xff\xfe License"}'
+    body = b'{"model": "test-llama", "max_tokens": 4, "prompt": "The \xff\xfe License"}'
     r = exchange(srv.port, request("POST", "/v1/completions", body), 30, "invalid_utf8")
     assert_error(r, 400, "invalid_utf8")
     assert_alive_and_pages_free(srv, "invalid_utf8")

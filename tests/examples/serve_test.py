@@ -1,11 +1,16 @@
-"""examples/serve end to end: keel-serve streams to the openai Python client,
-its greedy text equals tiny_lm's own KV-cache decode, batching leaves every
-request's text unchanged, and bad requests, departed clients and a queued
-request that leaves all get a clear answer or a clean release of their
-pages. After every scenario the allocator's count is checked: every page is
-free once nothing runs.
+"""examples/serve end to end: keel-serve streams to the openai Python client
+through both endpoints, its greedy text equals keel-generate's own decode
+of the same model, batching leaves every request's text unchanged, bad
+requests, departed clients and a queued request that leaves all get a clear
+answer or a clean release of their pages, and the API behaves as clients
+expect (unique ids, reproducible seeds, unimplemented fields refused by
+name). After every scenario the allocator's count is checked: every page is
+free once nothing runs. Most scenarios serve the small random Llama of
+make_test_model.py (WORK_DIR/model); the last serves SmolLM2-135M-Instruct
+itself to the openai client, chat and completions, and compares its text
+with keel-generate's.
 
-  serve_test.py KEEL_SERVE TINY_LM WORK_DIR
+  serve_test.py KEEL_SERVE KEEL_GENERATE WORK_DIR SMOLLM2_DIR
 """
 
 import atexit
@@ -23,26 +28,28 @@ import urllib.request
 
 import openai
 
-serve, tiny_lm, work = sys.argv[1:4]
-os.makedirs(work, exist_ok=True)
+serve, generate, work, smollm2 = sys.argv[1:5]
 os.chdir(work)
 PROMPT = "The GNU General Public License is "
+MODEL = "test-llama"
 
-# A model to serve: tiny_lm trained briefly on one rank; its own greedy
-# decode of PROMPT (contiguous KV cache, one sequence) is the reference.
-out = subprocess.run([tiny_lm, "--steps", "100", "--ranks", "1", "--save-weights", "w.pt"],
-                     capture_output=True, text=True, timeout=600)
-assert os.path.exists("w.pt"), out.stdout + out.stderr
-reference = re.search(r"^tiny_lm: generated: (.*)$", out.stdout, re.M).group(1)
-assert reference.startswith(PROMPT), reference
-reference = reference[len(PROMPT):]
+
+def reference(model, prompt, max_tokens, chat=False):
+    """keel-generate's greedy text: one sequence, prefill then decode."""
+    out = subprocess.run([generate, "--model", model, "--max-tokens", str(max_tokens),
+                          "--json", "reference.json", *(["--chat"] if chat else []), prompt],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    with open("reference.json") as f:
+        return json.load(f)[0]["text"]
 
 
 class Server:
-    def __init__(self, *args):
+    def __init__(self, *args, model="model", name=MODEL):
         if os.path.exists("port"):
             os.remove("port")
-        self.proc = subprocess.Popen([serve, "--weights", "w.pt", "--port-file", "port", *args])
+        self.proc = subprocess.Popen([serve, "--model", model, "--model-name", name,
+                                      "--port-file", "port", *args])
         # A failed assertion must not leave the server running: it would
         # hold ctest's output pipe open until the test's timeout.
         atexit.register(self.proc.kill)
@@ -89,8 +96,8 @@ class Server:
 def open_stream(server, max_tokens):
     """A raw streaming request; returns the socket once the first token arrived."""
     s = socket.create_connection(("127.0.0.1", server.port), timeout=30)
-    body = json.dumps({"model": "tiny-lm", "prompt": PROMPT, "max_tokens": max_tokens,
-                       "stream": True}).encode()
+    body = json.dumps({"model": MODEL, "prompt": PROMPT, "max_tokens": max_tokens,
+                       "stream": True, "ignore_eos": True}).encode()
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               + b"Content-Length: %d\r\n\r\n" % len(body) + body)
     return s
@@ -108,32 +115,33 @@ def read_until(s, marker):
 server = Server("--max-batch", "4", "--pages", "128", "--max-model-len", "512")
 client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
 
-# 1. The openai client streams; the text is tiny_lm's own decode.
-chunks = list(client.completions.create(model="tiny-lm", prompt=PROMPT, max_tokens=64,
+# 1. The openai client streams; the text is keel-generate's own decode.
+expected = reference("model", PROMPT, 64)
+chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=64,
                                         temperature=0, stream=True,
                                         stream_options={"include_usage": True}))
 text = "".join(c.choices[0].text for c in chunks if c.choices)
-assert text == reference[:64], f"served {text!r}\ntiny_lm {reference[:64]!r}"
+assert text == expected, f"served {text!r}\nkeel-generate {expected!r}"
 assert chunks[-1].usage.completion_tokens == 64, chunks[-1]
 assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
 server.assert_pages_back("openai client stream")
 
 # 2. Not streamed: the same text, with usage.
-r = client.completions.create(model="tiny-lm", prompt=PROMPT, max_tokens=64, temperature=0)
-assert r.choices[0].text == text and r.usage.prompt_tokens == len(PROMPT), r
+r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=64, temperature=0)
+assert r.choices[0].text == text and r.usage.prompt_tokens == chunks[-1].usage.prompt_tokens, r
 server.assert_pages_back("openai client, one body")
 
 # 3. Eight at once (more than --max-batch: some queue) with prompts of
 # different lengths: each text equals the same request made alone.
 prompts = [PROMPT[i:] for i in range(0, 32, 4)]
-alone = [client.completions.create(model="tiny-lm", prompt=p, max_tokens=24 + i,
+alone = [client.completions.create(model=MODEL, prompt=p, max_tokens=24 + i,
                                    temperature=0).choices[0].text
          for i, p in enumerate(prompts)]
 together = [None] * len(prompts)
 
 
 def one(i):
-    stream = client.completions.create(model="tiny-lm", prompt=prompts[i], max_tokens=24 + i,
+    stream = client.completions.create(model=MODEL, prompt=prompts[i], max_tokens=24 + i,
                                        temperature=0, stream=True)
     together[i] = "".join(c.choices[0].text for c in stream if c.choices)
 
@@ -147,14 +155,14 @@ assert together == alone, f"batched {together}\nalone {alone}"
 server.assert_pages_back("eight concurrent streams")
 
 # 4. Stop strings end the text before them.
-r = client.completions.create(model="tiny-lm", prompt=PROMPT, max_tokens=64, temperature=0,
+r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=64, temperature=0,
                               stop=[text[10:13]])
 assert r.choices[0].text == text[:text.find(text[10:13])] and r.choices[0].finish_reason == "stop", r
 server.assert_pages_back("stop string")
 
 # Nucleus sampling that keeps only the most probable token is greedy,
 # whatever the temperature and seed.
-r = client.completions.create(model="tiny-lm", prompt=PROMPT, max_tokens=64, temperature=1.5,
+r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=64, temperature=1.5,
                               top_p=1e-9, seed=7)
 assert r.choices[0].text == text, r
 server.assert_pages_back("top_p keeping one token")
@@ -167,7 +175,7 @@ for kwargs, error, scenario in [
         ({"n": 2}, openai.BadRequestError, "n = 2"),
         ({"temperature": 3}, openai.BadRequestError, "temperature 3"),
         ({"top_p": 0}, openai.BadRequestError, "top_p 0")]:
-    args = {"model": "tiny-lm", "prompt": PROMPT, "max_tokens": 4, **kwargs}
+    args = {"model": MODEL, "prompt": PROMPT, "max_tokens": 4, **kwargs}
     try:
         client.completions.create(**args)
         raise AssertionError(f"{scenario}: no error")
@@ -178,10 +186,11 @@ for kwargs, error, scenario in [
 # 6. Bodies no client library would send.
 for raw, status, scenario in [(b"{not json", 400, "malformed JSON"),
                               (b"[1, 2]", 400, "not an object"),
-                              (b'{"model": "tiny-lm", "prompt": "\xc3\xa9"}', 400,
-                               "character outside the vocabulary"),
-                              (b'{"model": "tiny-lm", "prompt": [99999]}', 400, "token id out of range"),
-                              (b'{"model": "tiny-lm", "prompt": "a", "stream_options": {}}', 400,
+                              (b'{"model": "test-llama", "prompt": "\\u0004"}', 400,
+                               "a prompt of bytes without a token"),
+                              (b'{"model": "test-llama", "prompt": [99999]}', 400,
+                               "token id out of range"),
+                              (b'{"model": "test-llama", "prompt": "a", "stream_options": {}}', 400,
                                "stream_options without stream"),
                               (b"x" * (2 << 20), 413, "a 2 MiB body")]:
     code, body = server.post(None, raw=raw)
@@ -215,7 +224,8 @@ server.assert_pages_back("client left while queued")
 
 # 9. A client that leaves before the first byte of a non-streamed reply.
 s = socket.create_connection(("127.0.0.1", server.port), timeout=30)
-body = json.dumps({"model": "tiny-lm", "prompt": PROMPT, "max_tokens": 400}).encode()
+body = json.dumps({"model": MODEL, "prompt": PROMPT, "max_tokens": 400,
+                   "ignore_eos": True}).encode()
 s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
           + b"Content-Length: %d\r\n\r\n" % len(body) + body)
 before = server.stats()["tokens_generated"]
@@ -226,12 +236,12 @@ assert server.stats()["tokens_generated"] - before < 300, server.stats()
 
 # 10. What clients expect of the API.
 # Ids are unique (random, not addresses that repeat).
-ids = {client.completions.create(model="tiny-lm", prompt=PROMPT, max_tokens=1).id
+ids = {client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=1).id
        for _ in range(50)}
 assert len(ids) == 50 and all(re.fullmatch(r"cmpl-[0-9a-f]{32}", i) for i in ids), ids
 # A seed, 0 included, repeats its sample; no seed draws a fresh one.
 def sampled(**seed):
-    return client.completions.create(model="tiny-lm", prompt=PROMPT, max_tokens=32,
+    return client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=32,
                                      temperature=1, **seed).choices[0].text
 for seed in (0, 1):
     assert sampled(seed=seed) == sampled(seed=seed), f"seed {seed} did not repeat"
@@ -242,29 +252,79 @@ assert sampled() != sampled(), "two unseeded requests drew the same 32 character
 for field, value in [("frequency_penalty", 0.5), ("presence_penalty", 1), ("top_k", 5),
                      ("echo", "yes"), ("logprobs", 1), ("best_of", 2), ("suffix", "x"),
                      ("logit_bias", {"1": 5}), ("max_completion_tokens", 3)]:
-    code, body = server.post({"model": "tiny-lm", "prompt": PROMPT, field: value})
+    code, body = server.post({"model": MODEL, "prompt": PROMPT, field: value})
     assert code == 400 and body["error"]["param"] == field, (field, code, body)
 for field, value in [("frequency_penalty", 0), ("presence_penalty", 0), ("echo", False),
                      ("n", 1), ("logprobs", None), ("user", "someone")]:
-    code, body = server.post({"model": "tiny-lm", "prompt": PROMPT, "max_tokens": 2, field: value})
+    code, body = server.post({"model": MODEL, "prompt": PROMPT, "max_tokens": 2, field: value})
     assert code == 200, (field, value, code, body)
 # Each error names the parameter at fault.
-for body, param, words in [({"prompt": PROMPT * 20}, "prompt", "context length"),
+for body, param, words in [({"prompt": PROMPT * 100}, "prompt", "context length"),
                            ({"prompt": [1.5]}, "prompt", "integers"),
                            ({"prompt": PROMPT, "seed": 1.5}, "seed", "integer"),
-                           ({"prompt": PROMPT, "max_tokens": 500}, "max_tokens", "context length")]:
-    code, reply = server.post({"model": "tiny-lm", **body})
+                           ({"prompt": PROMPT, "max_tokens": 510}, "max_tokens", "context length")]:
+    code, reply = server.post({"model": MODEL, **body})
     assert code == 400 and reply["error"]["param"] == param and words in reply["error"]["message"], \
         (body, reply)
 server.assert_pages_back("the API clients expect")
+
+# Chat completions: the openai client streams a conversation rendered with
+# the chat template; the deltas add up to the text of the same request not
+# streamed, and the ids are chat's.
+messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi! ¿Qué tal? 👋"},
+            {"role": "assistant", "content": "Fine."}, {"role": "user", "content": "日本語で?"}]
+whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0)
+assert whole.id.startswith("chatcmpl-") and whole.object == "chat.completion", whole
+assert whole.choices[0].message.role == "assistant", whole
+chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24,
+                                             temperature=0, stream=True,
+                                             stream_options={"include_usage": True}))
+deltas = [c.choices[0].delta for c in chunks if c.choices]
+assert deltas[0].role == "assistant", deltas[0]
+assert "".join(d.content or "" for d in deltas) == whole.choices[0].message.content, chunks
+assert chunks[-1].usage.total_tokens == whole.usage.total_tokens, (chunks[-1], whole.usage)
+for bad, param in [({"messages": []}, "messages"),
+                   ({"messages": [{"role": "tool", "content": "x"}]}, "messages"),
+                   ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
+                   ({"messages": messages, "tools": [{"type": "function"}]}, "tools"),
+                   ({"messages": messages, "prompt": "x"}, "prompt")]:
+    req = urllib.request.Request(server.url + "/v1/chat/completions",
+                                 data=json.dumps({"model": MODEL, **bad}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(req, timeout=60)
+        raise AssertionError(f"chat {bad}: no error")
+    except urllib.error.HTTPError as e:
+        body = json.loads(e.read())
+        assert e.code == 400 and body["error"]["param"] == param, (bad, e.code, body)
+server.assert_pages_back("chat completions")
 
 server.stop()
 print("ok SIGTERM: keel-serve stopped with every page free")
 
 # 11. A cache that cannot hold one sequence of the context is refused at start.
-bad = subprocess.run([serve, "--weights", "w.pt", "--pages", "2", "--max-model-len", "512"],
+bad = subprocess.run([serve, "--model", "model", "--pages", "2", "--max-model-len", "512"],
                      capture_output=True, text=True, timeout=60)
 assert bad.returncode == 2 and "cannot hold one sequence" in bad.stderr, bad
-bad = subprocess.run([serve, "--weights", "/nonexistent"], capture_output=True, text=True, timeout=60)
-assert bad.returncode == 2 and "cannot open" in bad.stderr, bad
+bad = subprocess.run([serve, "--model", "/nonexistent"], capture_output=True, text=True, timeout=60)
+assert bad.returncode == 2 and "/nonexistent" in bad.stderr, bad
 print("ok refused configurations")
+
+# 12. SmolLM2-135M-Instruct itself, to the openai client, through both
+# endpoints: the same greedy text as keel-generate's decode.
+server = Server("--threads", "2", model=smollm2, name="smollm2")
+client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
+question = "What is the capital of France?"
+answer = reference(smollm2, question, 32, chat=True)
+chunks = client.chat.completions.create(model="smollm2", temperature=0, max_tokens=32, stream=True,
+                                        messages=[{"role": "user", "content": question}])
+text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+assert text == answer and "Paris" in text, f"served {text!r}\nkeel-generate {answer!r}"
+prose = "The quick brown fox jumps over the lazy dog. The dog"
+expected = reference(smollm2, prose, 24)
+text = client.completions.create(model="smollm2", prompt=prose, max_tokens=24,
+                                 temperature=0).choices[0].text
+assert text == expected, f"served {text!r}\nkeel-generate {expected!r}"
+server.assert_pages_back("SmolLM2, chat and completions")
+server.stop()
+print(f"ok SmolLM2 served: {question!r} -> {answer!r}")
