@@ -776,7 +776,10 @@ int run(int argc, char** argv) {
         "bad --port, --threads, --max-connections, --max-json-depth, --max-waiting or timeout");
   }
   o.engine.batching = modes.at(o.batching);
-  at::set_num_threads(static_cast<int>(o.threads));
+  // Loading runs on one thread: the engine's thread owns the only OpenMP
+  // team, of --threads (engine.cpp, Engine::loop).
+  at::set_num_threads(1);
+  o.engine.threads = o.threads;
 
   if (o.model.empty()) {
     const std::string dir = o.model_dir.substr(0, o.model_dir.find_last_not_of('/') + 1);

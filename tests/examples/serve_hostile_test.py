@@ -577,6 +577,31 @@ def slowloris(srv):
           f"all cut after {min(held):.2f}-{max(held):.2f} s")
 
 
+def idle_sockets(srv):
+    # 200 connections that send nothing, and 8 streams running: a request,
+    # /health and /keel/stats are each answered within a second.
+    idle = [Conn(srv.port, 5) for _ in range(200)]
+    streams = [open_stream(srv.port, 400)[0] for _ in range(8)]
+    lat = {}
+    r = exchange(srv.port, request("POST", "/v1/completions",
+                                   completion_body(max_tokens=4, temperature=0)), 1.0,
+                 "idle sockets completion")
+    assert r.status == 200 and r.json()["usage"]["completion_tokens"] == 4, (r.status, r.body)
+    lat["completion"] = r.elapsed
+    for path in ("/health", "/keel/stats"):
+        q = exchange(srv.port, request("GET", path), 1.0, f"idle sockets {path}")
+        assert q.status == 200, f"idle sockets {path}: {q.status}"
+        lat[path] = q.elapsed
+    for what, t in lat.items():
+        assert t < 1.0, f"idle sockets: {what} took {t:.2f} s"
+    for c in idle + streams:
+        c.close()
+    assert_alive_and_pages_free(srv, "idle_sockets")
+    print(f"ok idle_sockets: with 200 idle and 8 streaming, completion "
+          f"{lat['completion'] * 1000:.0f} ms, /health {lat['/health'] * 1000:.0f} ms, "
+          f"/keel/stats {lat['/keel/stats'] * 1000:.0f} ms")
+
+
 # --- scenarios with a server of their own -----------------------------------
 
 def overload():
@@ -882,7 +907,7 @@ def main():
 
     shared = start("hostile", "--max-body-bytes", "4000000", "--read-timeout", str(READ_TIMEOUT))
     for fn in (nested_json, truncated_body, chunked_garbage, invalid_utf8, content_type, http10,
-               header_too_large, dropped_streams, slowloris):
+               header_too_large, dropped_streams, slowloris, idle_sockets):
         run(fn, shared)
     stop_clean(shared, "shared server")
     for fn in (overload, kv_exhaustion, max_connections, sigterm_mid_stream, second_signal,
