@@ -125,7 +125,7 @@ struct EngineOptions {
   std::int64_t page_size = 16;  ///< keys per page
   std::int64_t max_model_len = 2048;
   std::int64_t max_batch = 64;      ///< sequences in one step
-  std::int64_t token_budget = 512;  ///< tokens in one step (decodes first, then prefill chunks)
+  std::int64_t token_budget = 256;  ///< tokens in one step (decodes first, then prefill chunks)
   std::int64_t max_waiting = 64;    ///< queued requests beyond which submit() refuses
   std::int64_t max_waiting_tokens = 16384;  ///< queued prompt tokens beyond which it refuses
   std::int64_t threads = 1;                 ///< the engine thread's compute threads
