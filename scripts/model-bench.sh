@@ -27,12 +27,7 @@ if ! "$py" -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$llama_
     --find-links "$deps_dir/wheels/peers" --find-links "$src" "llama-cpp-python==$llama_version"
 fi
 model=$deps_dir/models/smollm2-135m-instruct
-f32=$deps_dir/models/smollm2-135m-instruct-f32/SmolLM2-135M-Instruct.F32.gguf
-if [ ! -f "$f32" ]; then
-  mkdir -p "$(dirname "$f32")"
-  "$py" tests/bench/peers/gguf_f32.py "$model/SmolLM2-135M-Instruct.Q4_1.gguf" "$f32.tmp"
-  mv "$f32.tmp" "$f32"
-fi
+f32=$(scripts/smollm2-f32.sh "$py")
 KEEL_TORCH_RELEASE=$release cmake --preset release >/dev/null
 cmake --build "build/torch-$release" --target keel-generate
 "$py" tests/bench/peers/smollm2_peers.py --keel "build/torch-$release/keel-generate" \

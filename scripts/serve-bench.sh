@@ -40,12 +40,7 @@ if [ ! -x "$server_dir/bin/llama-server" ]; then
   mv "$server_dir/bin/llama-server.tmp" "$server_dir/bin/llama-server"
 fi
 model=$deps_dir/models/smollm2-135m-instruct
-f32=$deps_dir/models/smollm2-135m-instruct-f32/SmolLM2-135M-Instruct.F32.gguf
-if [ ! -f "$f32" ]; then
-  mkdir -p "$(dirname "$f32")"
-  "$py" tests/bench/peers/gguf_f32.py "$model/SmolLM2-135M-Instruct.Q4_1.gguf" "$f32.tmp"
-  mv "$f32.tmp" "$f32"
-fi
+f32=$(scripts/smollm2-f32.sh "$py")
 KEEL_TORCH_RELEASE=$release cmake --preset release >/dev/null
 cmake --build "build/torch-$release" --target keel-serve
 "$py" tests/bench/peers/serve_peers.py --keel-serve "build/torch-$release/keel-serve" \

@@ -53,14 +53,6 @@ struct Options {
 constexpr std::int64_t kPageSize = 16;
 constexpr std::int64_t kCheckTokens = 32;
 
-std::string default_model_dir() {
-  const char* deps = std::getenv("KEEL_DEPS_DIR");
-  const char* home = std::getenv("HOME");
-  const std::string base =
-      deps != nullptr ? deps : std::string(home != nullptr ? home : ".") + "/.cache/keel";
-  return base + "/models/smollm2-135m-instruct";
-}
-
 std::vector<std::int64_t> pages_for(std::int64_t tokens) {
   std::vector<std::int64_t> pages;
   for (std::int64_t p = 0; p * kPageSize < tokens; ++p) pages.push_back(p);
@@ -222,7 +214,7 @@ int usage(const std::string& why) {
 
 int run(int argc, char** argv) {
   Options o;
-  o.model = default_model_dir();
+  o.model = models::default_model_dir();
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };

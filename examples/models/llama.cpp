@@ -1,6 +1,7 @@
 #include "llama.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <utility>
@@ -12,6 +13,15 @@
 #include "tensor_file.h"
 
 namespace models {
+
+std::string default_model_dir() {
+  const char* deps = std::getenv("KEEL_DEPS_DIR");
+  const char* home = std::getenv("HOME");
+  const std::string base =
+      deps != nullptr ? deps : std::string(home != nullptr ? home : ".") + "/.cache/keel";
+  return base + "/models/smollm2-135m-instruct";
+}
+
 namespace {
 
 keel::Error bad(const std::string& path, const std::string& what) {

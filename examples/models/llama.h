@@ -29,6 +29,11 @@
 
 namespace models {
 
+/// Where scripts/fetch-deps.sh converts SmolLM2-135M-Instruct:
+/// `$KEEL_DEPS_DIR/models/smollm2-135m-instruct` (`~/.cache/keel` when
+/// KEEL_DEPS_DIR is unset): the default model of keel-generate and keel-serve.
+std::string default_model_dir();
+
 /// The architecture, read from `config.json` (Hugging Face's names).
 struct LlamaConfig {
   std::int64_t hidden_size = 0;

@@ -661,14 +661,6 @@ void Connection::close_now() {
   stream_.close();
 }
 
-std::string default_model_dir() {
-  const char* deps = std::getenv("KEEL_DEPS_DIR");
-  const char* home = std::getenv("HOME");
-  const std::string base =
-      deps != nullptr ? deps : std::string(home != nullptr ? home : ".") + "/.cache/keel";
-  return base + "/models/smollm2-135m-instruct";
-}
-
 int usage_error(const std::string& why) {
   std::cerr
       << "keel-serve: " << why
@@ -722,7 +714,7 @@ int run(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
 
   Options o;
-  o.model_dir = default_model_dir();
+  o.model_dir = models::default_model_dir();
   std::map<std::string, std::string*> strings = {{"--model", &o.model_dir},
                                                  {"--dtype", &o.dtype},
                                                  {"--port-file", &o.port_file},
