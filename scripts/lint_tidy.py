@@ -79,7 +79,10 @@ def main():
             h = base.copy()
             h.update(relative(entry["command"]).encode())
             h.update((f + file_hash(path, memo)).encode())
-            for d in sorted(deps):
+            # In the order of the relative paths: absolute paths sort the
+            # checkout among libtorch's and the system's headers by where it
+            # lies, which would make each clone's keys its own.
+            for d in sorted(deps, key=relative):
                 h.update((relative(d) + file_hash(d, memo)).encode())
             key = h.hexdigest()
             if os.path.exists(os.path.join(cache, key)):

@@ -14,8 +14,8 @@
 #                                here); the ABI check; the
 #                                conformance suites again on AVX2's code paths
 #   releases tagged "ci"         the targets those steps use (conformance preset):
-#                                the conformance suites of every adapter, gloo's
-#                                layout and the package test
+#                                the conformance suites of the native adapter and
+#                                SmolLM2, gloo's layout and the package test
 #   lint                         clang-tidy with the sanitizer build's clang PCH
 #   the newest release, CUDA     built, not run (no GPU here; scripts/gpu-check.sh)
 #   the golden release           its release plugin and the C consumer, which runs on
@@ -78,8 +78,13 @@ rm -f "$(build_dir "$keel_newest" release)/cpu-paths.txt"
 scripts/cpu-paths.sh "$(build_dir "$keel_newest" release)" avx2
 summary+=("$(cat "$(build_dir "$keel_newest" release)/cpu-paths.txt")")
 stage "$keel_newest conformance under avx2"
+# The compat adapter's suites ran on the releases around these (2.9.1 under
+# ASan, the newest in full), and its numbers on these are judged below
+# (keel-compat across releases); here run what is theirs: the native
+# adapter's suites, gloo's layout, the package and SmolLM2 against
+# transformers.
 for r in "${keel_ci_extra[@]}"; do
-  run_suite "conformance, gloo, package" release conformance "$r"
+  run_suite "conformance less compat's, gloo, package" release conformance "$r" -E '/compat($|_)'
   stage "$r conformance: build and test"
 done
 
