@@ -46,9 +46,9 @@ void PagePool::release(std::vector<std::int64_t>& pages) {
 
 // --- a request ----------------------------------------------------------------
 
-std::optional<Event> Request::next(std::chrono::milliseconds wait) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (!cv_.wait_for(lock, wait, [&] { return !events_.empty(); })) return std::nullopt;
+std::optional<Event> Request::poll() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (events_.empty()) return std::nullopt;
   Event e = std::move(events_.front());
   events_.pop_front();
   return e;
@@ -59,7 +59,6 @@ void Request::post(Event e) {
     std::lock_guard<std::mutex> lock(mutex_);
     events_.push_back(std::move(e));
   }
-  cv_.notify_all();
   if (notify_) notify_();
 }
 

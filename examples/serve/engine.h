@@ -92,8 +92,9 @@ struct Params {
 /// One request, shared between the HTTP layer and the engine.
 class Request {
  public:
-  /// The next event, waiting at most `wait`; nullopt if none came.
-  std::optional<Event> next(std::chrono::milliseconds wait);
+  /// The next event, or nullopt if none is posted yet (the engine calls
+  /// the request's notify after each post).
+  std::optional<Event> poll();
   /// Asks the engine to stop this request and free its pages (between steps).
   void cancel() { cancelled_.store(true); }
 
@@ -115,7 +116,6 @@ class Request {
 
   std::atomic<bool> cancelled_{false};
   std::mutex mutex_;
-  std::condition_variable cv_;
   std::deque<Event> events_;
 };
 

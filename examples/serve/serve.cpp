@@ -528,7 +528,7 @@ void Connection::pump() {
     return j.dump(-1, ' ', false, json::error_handler_t::replace);
   };
   while (request_) {
-    std::optional<serve::Event> e = request_->next(std::chrono::milliseconds(0));
+    std::optional<serve::Event> e = request_->poll();
     if (!e) break;
     if (!parsed_.stream) {
       text_ += e->text;

@@ -518,6 +518,23 @@ def dropped_streams(srv):
           f"{s['tokens_generated'] - before['tokens_generated']} tokens generated")
 
 
+def served_within_a_second(srv, scenario):
+    """A completion of 4 tokens, /health and /keel/stats, each answered 200
+    within a second; their latencies."""
+    r = exchange(srv.port, request("POST", "/v1/completions",
+                                   completion_body(max_tokens=4, temperature=0)), 1.0,
+                 f"{scenario} completion")
+    assert r.status == 200 and r.json()["usage"]["completion_tokens"] == 4, (r.status, r.body)
+    lat = {"completion": r.elapsed}
+    for path in ("/health", "/keel/stats"):
+        q = exchange(srv.port, request("GET", path), 1.0, f"{scenario} {path}")
+        assert q.status == 200, f"{scenario} {path}: {q.status}"
+        lat[path] = q.elapsed
+    for what, t in lat.items():
+        assert t < 1.0, f"{scenario}: {what} took {t:.2f} s"
+    return lat
+
+
 def slowloris(srv):
     n, trickle = 80, b"X-Slow: " + b"a" * 64
     conns, opened = [], []
@@ -528,17 +545,7 @@ def slowloris(srv):
         opened.append(time.monotonic())
     time.sleep(max(0.0, opened[0] + 1.0 - time.monotonic()))
     # While they trickle, a real client is served at once.
-    r = exchange(srv.port, request("POST", "/v1/completions",
-                                   completion_body(max_tokens=4, temperature=0)), 1.0,
-                 "slowloris completion")
-    assert r.status == 200 and r.json()["usage"]["completion_tokens"] == 4, (r.status, r.body)
-    lat = {"completion": r.elapsed}
-    for path in ("/health", "/keel/stats"):
-        q = exchange(srv.port, request("GET", path), 1.0, f"slowloris {path}")
-        assert q.status == 200, f"slowloris {path}: {q.status}"
-        lat[path] = q.elapsed
-    for what, t in lat.items():
-        assert t < 1.0, f"slowloris: {what} took {t:.2f} s"
+    lat = served_within_a_second(srv, "slowloris")
     # One header byte every 2 s; the server must cut each by --read-timeout + 3 s.
     closed = [None] * n
     sent = [0] * n
@@ -582,18 +589,7 @@ def idle_sockets(srv):
     # /health and /keel/stats are each answered within a second.
     idle = [Conn(srv.port, 5) for _ in range(200)]
     streams = [open_stream(srv.port, 400)[0] for _ in range(8)]
-    lat = {}
-    r = exchange(srv.port, request("POST", "/v1/completions",
-                                   completion_body(max_tokens=4, temperature=0)), 1.0,
-                 "idle sockets completion")
-    assert r.status == 200 and r.json()["usage"]["completion_tokens"] == 4, (r.status, r.body)
-    lat["completion"] = r.elapsed
-    for path in ("/health", "/keel/stats"):
-        q = exchange(srv.port, request("GET", path), 1.0, f"idle sockets {path}")
-        assert q.status == 200, f"idle sockets {path}: {q.status}"
-        lat[path] = q.elapsed
-    for what, t in lat.items():
-        assert t < 1.0, f"idle sockets: {what} took {t:.2f} s"
+    lat = served_within_a_second(srv, "idle sockets")
     for c in idle + streams:
         c.close()
     assert_alive_and_pages_free(srv, "idle_sockets")
